@@ -1,0 +1,33 @@
+"""CuTe DSL pipeline variants for MLA paged decode (sm_90a).
+
+The contract with ``mla`` is documented in ``docs/interfaces.md``. This module is the registry:
+it maps a variant name to its kernel driver. It never imports ``mla``.
+"""
+from __future__ import annotations
+
+VARIANTS = ("2wg", "3wg")
+
+# variant -> page sizes its load path supports (filled in as kernels land)
+_PAGE_SIZES: dict[str, tuple[int, ...]] = {}
+
+
+def available_variants() -> list[str]:
+    """Variants whose kernel exists (a subset of ``VARIANTS``)."""
+    return [v for v in VARIANTS if v in _PAGE_SIZES]
+
+
+def supported_page_sizes(variant: str) -> tuple[int, ...]:
+    """Page sizes the variant's load path handles; empty if the variant has no kernel yet."""
+    if variant not in VARIANTS:
+        raise ValueError(f"pipeline must be one of {VARIANTS}, got {variant!r}")
+    return _PAGE_SIZES.get(variant, ())
+
+
+def run_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
+               out, lse, o_accum, lse_accum, softmax_scale, causal):
+    """Launch the decode kernel of ``variant`` and the split-kv merge on the current torch stream."""
+    if variant not in VARIANTS:
+        raise ValueError(f"pipeline must be one of {VARIANTS}, got {variant!r}")
+    if variant not in _PAGE_SIZES:
+        raise NotImplementedError(f"pipeline {variant!r} has no kernel yet; available: {available_variants()}")
+    raise NotImplementedError  # replaced when the 2wg kernel lands

@@ -1,0 +1,98 @@
+"""Host glue: compile cache keyed by every static knob, torch -> CuTe tensor views, launches.
+
+A kernel is compiled once per (variant, dtype, h_q, s_q, page_size, causal) against symbolic
+shapes and strides (batch, pages, plan size are runtime values), so a serving engine pays the
+compile once per model configuration, not per batch shape.
+"""
+from __future__ import annotations
+
+import os
+import threading
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # never default to another arch when compiling without a GPU
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass.cute.runtime import from_dlpack, make_fake_tensor  # noqa: E402
+
+_LOCK = threading.Lock()
+_CACHE: dict = {}
+
+DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
+
+
+def _cute_dtype(name: str):
+    try:
+        return DTYPES[name]
+    except KeyError:
+        raise TypeError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}") from None
+
+
+def _kernel_class(variant: str):
+    if variant == "2wg":
+        from pipelines.variant_2wg import MLADecode2WG
+        return MLADecode2WG
+    raise NotImplementedError(f"pipeline {variant!r} has no kernel yet")
+
+
+def _fake(dtype, rank: int, static_shape: dict | None = None):
+    """Fake tensor of ``rank`` dims: unit stride last, every other extent and stride symbolic
+    (mixed static/symbolic strides do not always legalise). ``static_shape`` pins extents."""
+    static_shape = static_shape or {}
+    shape = tuple(static_shape.get(i, cute.sym_int32()) for i in range(rank))
+    stride = tuple(cute.sym_int64(divisibility=8) for _ in range(rank - 1)) + (1,)
+    return make_fake_tensor(dtype, shape, stride, assumed_align=16)
+
+
+def compile_decode(variant: str, dtype: str, num_heads: int, seqlen_q: int, page_size: int, causal: bool,
+                   options: str | None = None):
+    """Compile (or fetch from the cache) the decode kernel for one static configuration."""
+    key = (variant, dtype, num_heads, seqlen_q, page_size, bool(causal), options)
+    with _LOCK:
+        fn = _CACHE.get(key)
+        if fn is not None:
+            return fn
+        cdt = _cute_dtype(dtype)
+        kernel = _kernel_class(variant)(cdt, num_heads, seqlen_q, page_size, causal)
+        i32, f32 = cutlass.Int32, cutlass.Float32
+        args = (
+            _fake(cdt, 3, {2: 576}),  # q [b, rows, 576]
+            _fake(cdt, 3, {1: page_size, 2: 576}),  # k [pages, page_size, 576]
+            _fake(i32, 2),  # block_table
+            _fake(i32, 1),  # seqlens
+            _fake(i32, 2, {1: 8}),  # metadata
+            _fake(i32, 1),  # num_splits
+            _fake(cdt, 3, {2: 512}),  # out [b, rows, 512]
+            _fake(f32, 3),  # lse [b, h_q, s_q]
+            _fake(f32, 3, {2: 512}),  # o_accum
+            _fake(f32, 2),  # lse_accum
+            f32(1.0),
+            cute.runtime.make_fake_stream() if hasattr(cute.runtime, "make_fake_stream") else None,
+        )
+        if options is None:
+            fn = cute.compile(kernel, *args)
+        else:
+            fn = cute.compile(kernel, *args, options=options)
+        _CACHE[key] = fn
+        return fn
+
+
+def _view(t):
+    return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=t.dim() - 1)
+
+
+def launch_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out,
+                  lse, o_accum, lse_accum, softmax_scale, causal):
+    import torch
+    from cuda.bindings import driver as cuda
+
+    b, s_q, h_q, d = q.shape
+    dtype = str(q.dtype).replace("torch.", "")
+    fn = compile_decode(variant, dtype, h_q, s_q, k_cache.shape[1], causal)
+    q3 = q.reshape(b, s_q * h_q, d)
+    k3 = k_cache.view(k_cache.shape[0], k_cache.shape[1], k_cache.shape[3])
+    out3 = out.view(b, s_q * h_q, out.shape[-1])
+    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    fn(_view(q3), _view(k3), _view(block_table), _view(cache_seqlens), _view(tile_scheduler_metadata),
+       _view(num_splits), _view(out3), _view(lse), _view(o_accum), _view(lse_accum),
+       cutlass.Float32(softmax_scale), stream)

@@ -1,0 +1,238 @@
+"""Kernel skeleton shared by the MLA decode pipeline variants.
+
+What every variant shares lives here: static configuration, the shared-memory plan (Q resident for
+the whole CTA, staged 64-token K tiles whose first 512 columns double as V, a P tile and per-row
+exchange slots), the TMA descriptors (Q by (row block, request), K by page id from block_table),
+the walk over the split plan (one CTA = one m-block x one part of the plan), and the epilogue that
+writes either the final output or a split partial.
+
+A variant subclass supplies the warpgroup roles (``warpgroup_roles``) and its thread count; the
+skeleton dispatches to them once per request chunk. See docs/interfaces.md for the plan layout.
+"""
+from __future__ import annotations
+
+import math
+
+import cuda.bindings.driver as cuda
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync, warpgroup
+
+from pipelines import layouts
+
+HEAD_DIM = 576  # 512 latent ("nope") dims + 64 RoPE dims
+HEAD_DIM_V = 512
+BLOCK_M = 64  # query rows per CTA (one wgmma M)
+BLOCK_N = 64  # KV tokens per tile
+META_FIELDS = 8
+
+
+class MLADecodeBase:
+    """Static configuration and host-side setup; ``kernel`` walks the split plan."""
+
+    num_threads = 256
+    kv_stages = 2
+
+    def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool):
+        self.dtype = dtype
+        self.h_q = num_heads
+        self.s_q = seqlen_q
+        self.rows = num_heads * seqlen_q
+        self.num_m_blocks = (self.rows + BLOCK_M - 1) // BLOCK_M
+        self.page_size = page_size
+        self.causal = causal and seqlen_q > 1  # causal only changes anything for s_q > 1
+        if page_size % BLOCK_N != 0:
+            raise ValueError(f"page_size {page_size} is not handled by the TMA page path (needs a multiple of {BLOCK_N})")
+
+    # ------------------------------------------------------------------ host
+    @cute.jit
+    def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mBlockTable: cute.Tensor, mSeqlens: cute.Tensor,
+                 mMeta: cute.Tensor, mNumSplits: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
+                 mOaccum: cute.Tensor, mLSEaccum: cute.Tensor, softmax_scale: Float32,
+                 stream: cuda.CUstream):
+        """Inputs (torch views, all row-major):
+        mQ [b, rows, 576], mK [num_pages, page_size, 576] (h_kv = 1), mBlockTable [b, max_pages] i32,
+        mSeqlens [b] i32, mMeta [num_parts, 8] i32, mNumSplits [b + 1] i32, mO [b, rows, 512],
+        mLSE [b, h_q, s_q] f32, mOaccum [splits, rows, 512] f32, mLSEaccum [splits, rows] f32.
+        """
+        dtype = self.dtype
+        # Put the contiguous dim where wgmma/TMA want it: (rows, d, batch) and (token, d, page).
+        mQ = cute.make_tensor(mQ.iterator, cute.select(mQ.layout, mode=[1, 2, 0]))
+        mK = cute.make_tensor(mK.iterator, cute.select(mK.layout, mode=[1, 2, 0]))
+
+        self.sQ_layout = layouts.smem_tile_layout(dtype, BLOCK_M, HEAD_DIM)
+        self.sK_layout = layouts.smem_tile_layout(dtype, BLOCK_N, HEAD_DIM, self.kv_stages)
+        self.sP_layout = layouts.smem_tile_layout(dtype, BLOCK_M, BLOCK_N)
+
+        tma_q, mQ_tma = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mQ, self.sQ_layout, (BLOCK_M, HEAD_DIM))
+        tma_k, mK_tma = cpasync.make_tiled_tma_atom(
+            cpasync.CopyBulkTensorTileG2SOp(), mK, cute.select(self.sK_layout, mode=[0, 1]),
+            (BLOCK_N, HEAD_DIM))
+        self.q_bytes = cute.size_in_bytes(dtype, self.sQ_layout)
+        self.k_bytes = cute.size_in_bytes(dtype, cute.select(self.sK_layout, mode=[0, 1]))
+
+        sQ_layout, sK_layout, sP_layout = self.sQ_layout, self.sK_layout, self.sP_layout
+
+        @cute.struct
+        class SharedStorage:
+            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
+            row_scale: cute.struct.MemRange[Float32, BLOCK_M]  # per-tile rescale factor (WG0 -> WG1)
+            row_inv: cute.struct.MemRange[Float32, BLOCK_M]  # 1 / row sum at the end of a chunk
+            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
+            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
+            sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sP_layout)], 1024]
+
+        self.shared_storage = SharedStorage
+        scale_log2 = softmax_scale * Float32(math.log2(math.e))
+        self.kernel(tma_q, mQ_tma, tma_k, mK_tma, mBlockTable, mSeqlens, mMeta, mNumSplits, mO, mLSE,
+                    mOaccum, mLSEaccum, scale_log2, sQ_layout, sK_layout, sP_layout).launch(
+            grid=[self.num_m_blocks, mMeta.shape[0], 1],
+            block=[self.num_threads, 1, 1],
+            smem=SharedStorage.size_in_bytes(),
+            stream=stream,
+            min_blocks_per_mp=1,
+        )
+
+    # ---------------------------------------------------------------- device
+    @cute.kernel
+    def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
+               mBlockTable: cute.Tensor, mSeqlens: cute.Tensor, mMeta: cute.Tensor, mNumSplits: cute.Tensor,
+               mO: cute.Tensor, mLSE: cute.Tensor, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor,
+               scale_log2: Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
+               sP_layout: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        m_block, part, _ = cute.arch.block_idx()
+        warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+        if warp_idx == 0:
+            cpasync.prefetch_descriptor(tma_q)
+            cpasync.prefetch_descriptor(tma_k)
+
+        smem = cutlass.utils.SmemAllocator()
+        storage = smem.allocate(self.shared_storage)
+        # Layouts come in as kernel arguments: IR values built on the host side cannot be captured.
+        sQ = storage.sQ.get_tensor(sQ_layout.outer, swizzle=sQ_layout.inner)
+        sK = storage.sK.get_tensor(sK_layout.outer, swizzle=sK_layout.inner)
+        sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
+
+        pipe_q, pipe_k = self.make_pipelines(storage)
+        # Barrier inits must be visible to every thread before anyone waits on them.
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+
+        meta = mMeta[part, None]
+        begin_req = meta[0]
+        begin_block = meta[1]
+        end_req = meta[2]
+        end_block = meta[3]
+        begin_split = meta[4]
+        self.warpgroup_roles(tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
+                             tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
+                             mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2)
+
+    def make_pipelines(self, storage):
+        """Q: one stage, producer = one thread, consumers = the QK warpgroup's warps.
+        K: ``kv_stages`` stages, consumers = every math warp (each releases a tile after its P.V)."""
+        thread = pipeline.Agent.Thread
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=1,
+            producer_group=pipeline.CooperativeGroup(thread, 1),
+            consumer_group=pipeline.CooperativeGroup(thread, self.q_consumer_warps),
+            tx_count=self.q_bytes, defer_sync=True)
+        pipe_k = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.kv_stages,
+            producer_group=pipeline.CooperativeGroup(thread, 1),
+            consumer_group=pipeline.CooperativeGroup(thread, self.k_consumer_warps),
+            tx_count=self.k_bytes, defer_sync=True)
+        return pipe_q, pipe_k
+
+    # ------------------------------------------------------- chunk helpers
+    @cute.jit
+    def chunk_bounds(self, r: Int32, begin_req: Int32, begin_block: Int32, end_req: Int32, end_block: Int32,
+                     begin_split: Int32, mSeqlens: cute.Tensor, mNumSplits: cute.Tensor):
+        """KV tile range [start, stop) of request r inside this part, and where its output goes."""
+        seqlen = mSeqlens[r]
+        n_blocks = (seqlen + BLOCK_N - 1) // BLOCK_N
+        start = Int32(0)
+        stop = n_blocks
+        split_no = Int32(0)
+        if r == begin_req:
+            start = begin_block
+            split_no = begin_split
+        if r == end_req:
+            stop = end_block
+        split_base = mNumSplits[r]
+        is_split = (mNumSplits[r + 1] - split_base) > 1
+        return seqlen, n_blocks, start, stop, is_split, split_base + split_no
+
+    @cute.jit
+    def tma_load_q(self, tma_q, mQ, sQ, pipe_q, q_state, m_block: Int32, r: Int32):
+        gQ = cute.local_tile(mQ, (BLOCK_M, HEAD_DIM), (m_block, 0, r))
+        tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
+                                           cute.group_modes(gQ, 0, 2))
+        pipe_q.producer_acquire(q_state)
+        cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
+
+    @cute.jit
+    def tma_load_k(self, tma_k, mK, sK, pipe_k, k_state, page: Int32):
+        # One TMA (of 9 64x64 boxes) per 64-token page: the page id is the outermost coordinate.
+        gK = cute.local_tile(mK, (BLOCK_N, HEAD_DIM), (0, 0, None))
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        pipe_k.producer_acquire(k_state)
+        cute.copy(tma_k, tKgK[None, page], tKsK[None, k_state.index],
+                  tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
+
+    @cute.jit
+    def zero_v_rows(self, sK: cute.Tensor, stage: Int32, first_row: Int32, col0: cutlass.Constexpr[int],
+                    ncols: cutlass.Constexpr[int], wg_tidx: Int32, barrier_id: cutlass.Constexpr[int]):
+        """Zero rows [first_row, 64) of V columns [col0, col0 + ncols) in a K stage.
+
+        Cache slots past a sequence's end may hold anything (NaN in the tests); P is 0 there but
+        0 * NaN is NaN, so the V rows that P.V reads must be real zeros. Only the last tile of a
+        request can need it. The async-proxy fence + warpgroup barrier order these generic stores
+        before the wgmma that reads them.
+        """
+        n_rows = BLOCK_N - first_row
+        total = n_rows * ncols
+        for idx in cutlass.range(wg_tidx, total, 128, unroll=1):
+            row = first_row + idx // ncols
+            col = col0 + idx % ncols
+            sK[row, col, stage] = sK.element_type(0.0)
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier(barrier_id=barrier_id, number_of_threads=128)
+
+    @cute.jit
+    def store_rows(self, acc: cute.Tensor, tiled_mma: cute.TiledMma, wg_tidx: Int32, row_inv: cute.Tensor,
+                   row_lse: cute.Tensor, write_lse: cutlass.Constexpr[bool], col0: cutlass.Constexpr[int],
+                   m_block: Int32, r: Int32, is_split, split_idx: Int32, mO: cute.Tensor, mLSE: cute.Tensor,
+                   mOaccum: cute.Tensor, mLSEaccum: cute.Tensor):
+        """Epilogue of one warpgroup: normalise its 64 x 256 slice of O and store it (final or partial).
+
+        Rows past h_q * s_q (padding of the last m-block) are not stored.
+        """
+        thr_mma = tiled_mma.get_slice(wg_tidx)
+        cO = cute.make_identity_tensor((BLOCK_M, 256))
+        tOcO = layouts.acc_mn_view(thr_mma.partition_C(cO))
+        acc_mn = layouts.acc_mn_view(acc)
+        row_base = m_block * BLOCK_M
+        for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            row = row_base + tOcO[i, 0][0]
+            if row < self.rows:
+                inv = row_inv[i]
+                if is_split:
+                    for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                        mOaccum[split_idx, row, col0 + tOcO[i, j][1]] = acc_mn[i, j] * inv
+                else:
+                    for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                        mO[r, row, col0 + tOcO[i, j][1]] = (acc_mn[i, j] * inv).to(mO.element_type)
+                if const_expr(write_lse):
+                    if wg_tidx % 4 == 0:
+                        if is_split:
+                            mLSEaccum[split_idx, row] = row_lse[i]
+                        else:
+                            mLSE[r, row % self.h_q, row // self.h_q] = row_lse[i]

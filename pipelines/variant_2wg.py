@@ -1,0 +1,237 @@
+"""2-warpgroup pipeline, FlashMLA's original form (256 threads, no producer warpgroup).
+
+Roles per 64-token KV tile:
+- WG0 (warps 0-3): S = Q.K^T over 576 dims (SS wgmma, 64x64), mask, online softmax; hands P (bf16)
+  and the row rescale factors to WG1 through smem; then O[:, 0:256] += P.V[:, 0:256] with P straight
+  from registers (RS wgmma).
+- WG1 (warps 4-7): issues the TMA loads (Q per request, K tiles two ahead), then
+  O[:, 256:512] += P.V[:, 256:512] with P from smem (SS wgmma).
+Why not FA3 ping-pong: two 64x512 fp32 O tiles do not fit the register file; splitting O by columns
+across the two warpgroups keeps 128 accumulator registers per thread.
+
+Ordering between the warpgroups uses two named barriers: P_FULL (WG0 arrives after writing P and
+the factors, WG1 waits) and P_EMPTY (WG1 arrives after its P.V, WG0 waits before overwriting P).
+WG0 also publishes 1/rowsum through P_FULL once a chunk is done.
+"""
+from __future__ import annotations
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import warpgroup
+
+from pipelines import layouts, softmax
+from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, MLADecodeBase
+
+# named barrier ids (0 is __syncthreads)
+BAR_P_FULL = 1
+BAR_P_EMPTY = 2
+BAR_WG0 = 3
+BAR_WG1 = 4
+HALF = HEAD_DIM_V // 2
+
+
+class MLADecode2WG(MLADecodeBase):
+    num_threads = 256
+    kv_stages = 2
+    q_consumer_warps = 4  # WG0 alone reads Q
+    k_consumer_warps = 8  # both warpgroups read every K tile
+
+    def _mmas(self):
+        mma_qk = sm90.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+            (1, 1, 1), (BLOCK_M, BLOCK_N))
+        mma_pv_rs = sm90.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+            (1, 1, 1), (BLOCK_M, HALF), warpgroup.OperandSource.RMEM)
+        mma_pv_ss = sm90.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+            (1, 1, 1), (BLOCK_M, HALF))
+        return mma_qk, mma_pv_rs, mma_pv_ss
+
+    @cute.jit
+    def warpgroup_roles(self, tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
+                        tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
+                        mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
+        mma_qk, mma_pv_rs, mma_pv_ss = self._mmas()
+        wg = tidx // 128
+        wg_tidx = tidx % 128
+        # V^T halves viewed in place from the K stages (MN-major B operand, no copy).
+        sV_layout = layouts.v_view_layout(sK.layout, HALF, BLOCK_N, HEAD_DIM, self.kv_stages)
+        sV0 = cute.make_tensor(sK.iterator, sV_layout)
+        sV1 = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
+        s_row_scale = storage.row_scale.get_tensor(cute.make_layout(BLOCK_M))
+        s_row_inv = storage.row_inv.get_tensor(cute.make_layout(BLOCK_M))
+
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+
+        if wg == 0:
+            self.wg0_qk_softmax_pv(wg_tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
+                                   mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0,
+                                   s_row_scale, s_row_inv, pipe_q, pipe_k, q_state, k_state, mma_qk,
+                                   mma_pv_rs, scale_log2)
+        else:
+            self.wg1_load_pv(wg_tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
+                             tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
+                             mLSEaccum, sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k, q_state,
+                             k_state, mma_pv_ss)
+
+    # ------------------------------------------------------------------ WG0
+    @cute.jit
+    def wg0_qk_softmax_pv(self, wg_tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
+                          mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0, s_row_scale,
+                          s_row_inv, pipe_q, pipe_k, q_state, k_state, mma_qk, mma_pv_rs, scale_log2):
+        thr_qk = mma_qk.get_slice(wg_tidx)
+        thr_pv = mma_pv_rs.get_slice(wg_tidx)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV0))
+        tPsP = thr_qk.partition_C(sP)
+        cS = cute.make_identity_tensor((BLOCK_M, BLOCK_N))
+        tScS = layouts.acc_mn_view(thr_qk.partition_C(cS))
+        n_rows_thr = cute.size(tScS, mode=[0])
+
+        for r in cutlass.range(begin_req, end_req + 1, unroll=1):
+            seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
+                r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
+            acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((BLOCK_M, HALF)), Float32)
+            acc_o.fill(0.0)
+            acc_o_mn = layouts.acc_mn_view(acc_o)
+            row_max = cute.make_rmem_tensor(n_rows_thr, Float32)
+            row_sum = cute.make_rmem_tensor(n_rows_thr, Float32)
+            row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+            # Per-row key limit: causal rows see keys [0, seqlen - (s_q - 1 - s_idx)).
+            row_limit = cute.make_rmem_tensor(n_rows_thr, Int32)
+            for i in cutlass.range_constexpr(n_rows_thr):
+                row_limit[i] = seqlen
+                if const_expr(self.causal):
+                    s_idx = (m_block * BLOCK_M + tScS[i, 0][0]) // self.h_q
+                    row_limit[i] = seqlen - (self.s_q - 1 - s_idx)
+
+            pipe_q.consumer_wait(q_state)
+            for blk in cutlass.range(start, stop, unroll=1):
+                pipe_k.consumer_wait(k_state)
+                acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
+                warpgroup.fence()
+                for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+                    mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+                    cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, k_state.index], acc_s)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+
+                s_mn = layouts.acc_mn_view(acc_s)
+                # Mask keys past each row's limit (only the tail tiles can have any).
+                if (blk + 1) * BLOCK_N > seqlen - (self.s_q - 1):
+                    for i in cutlass.range_constexpr(n_rows_thr):
+                        for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                            if blk * BLOCK_N + tScS[i, j][1] >= row_limit[i]:
+                                s_mn[i, j] = -Float32.inf
+                softmax.online_softmax_step(s_mn, row_max, row_sum, row_scale, scale_log2)
+
+                rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
+                rP.store(acc_s.load().to(self.dtype))
+                # Hand P and the factors to WG1 once it is done with the previous tile's P.
+                cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+                cute.autovec_copy(rP, tPsP)
+                if wg_tidx % 4 == 0:
+                    for i in cutlass.range_constexpr(n_rows_thr):
+                        s_row_scale[tScS[i, 0][0]] = row_scale[i]
+                cute.arch.fence_view_async_shared()  # P is read by WG1's wgmma (async proxy)
+                cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
+
+                softmax.rescale_rows(acc_o_mn, row_scale)
+                valid = seqlen - blk * BLOCK_N
+                if valid < BLOCK_N:
+                    self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
+                warpgroup.fence()
+                tOrP = layouts.acc_as_a_operand(rP)
+                for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                    mma_pv_rs.set(warpgroup.Field.ACCUMULATE, True)
+                    cute.gemm(mma_pv_rs, acc_o, tOrP[None, None, k], tOrV[None, None, k, k_state.index], acc_o)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                pipe_k.consumer_release(k_state)
+                k_state.advance()
+            pipe_q.consumer_release(q_state)
+            q_state.advance()
+
+            row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
+            row_lse = cute.make_rmem_tensor(n_rows_thr, Float32)
+            empty_lse = Float32.inf
+            if is_split:
+                empty_lse = -Float32.inf
+            softmax.finalize_rows(row_max, row_sum, row_inv, row_lse, scale_log2, empty_lse)
+            cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+            if wg_tidx % 4 == 0:
+                for i in cutlass.range_constexpr(n_rows_thr):
+                    s_row_inv[tScS[i, 0][0]] = row_inv[i]
+            cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
+            self.store_rows(acc_o, mma_pv_rs, wg_tidx, row_inv, row_lse, True, 0, m_block, r, is_split,
+                            split_idx, mO, mLSE, mOaccum, mLSEaccum)
+        # Pairs WG1's last P_EMPTY arrive so no arrival is left pending at exit.
+        cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+
+    # ------------------------------------------------------------------ WG1
+    @cute.jit
+    def wg1_load_pv(self, wg_tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
+                    tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
+                    sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k, q_state, k_state, mma_pv_ss):
+        thr_pv = mma_pv_ss.get_slice(wg_tidx)
+        tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV1))
+        cO = cute.make_identity_tensor((BLOCK_M, HALF))
+        tOcO = layouts.acc_mn_view(thr_pv.partition_C(cO))
+        n_rows_thr = cute.size(tOcO, mode=[0])
+        is_producer = wg_tidx == 0
+        q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        k_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+
+        # P_EMPTY starts "free": WG0 waits on it before its first P write.
+        cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+        for r in cutlass.range(begin_req, end_req + 1, unroll=1):
+            seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
+                r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
+            if is_producer:
+                self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, r)
+                q_prod.advance()
+                for blk in cutlass.range(start, cutlass.min(start + self.kv_stages, stop), unroll=1):
+                    self.tma_load_k(tma_k, mK, sK, pipe_k, k_prod, mBlockTable[r, blk])
+                    k_prod.advance()
+            acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((BLOCK_M, HALF)), Float32)
+            acc_o.fill(0.0)
+            acc_o_mn = layouts.acc_mn_view(acc_o)
+            row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
+            for blk in cutlass.range(start, stop, unroll=1):
+                cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
+                for i in cutlass.range_constexpr(n_rows_thr):
+                    row_scale[i] = s_row_scale[tOcO[i, 0][0]]
+                softmax.rescale_rows(acc_o_mn, row_scale)
+                pipe_k.consumer_wait(k_state)
+                valid = seqlen - blk * BLOCK_N
+                if valid < BLOCK_N:
+                    self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
+                warpgroup.fence()
+                for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                    mma_pv_ss.set(warpgroup.Field.ACCUMULATE, True)
+                    cute.gemm(mma_pv_ss, acc_o, tOrP[None, None, k], tOrV[None, None, k, k_state.index], acc_o)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+                pipe_k.consumer_release(k_state)
+                k_state.advance()
+                if is_producer:
+                    if blk + self.kv_stages < stop:
+                        self.tma_load_k(tma_k, mK, sK, pipe_k, k_prod, mBlockTable[r, blk + self.kv_stages])
+                        k_prod.advance()
+            cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
+            row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
+            for i in cutlass.range_constexpr(n_rows_thr):
+                row_inv[i] = s_row_inv[tOcO[i, 0][0]]
+            cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+            self.store_rows(acc_o, mma_pv_ss, wg_tidx, row_inv, row_inv, False, HALF, m_block, r, is_split,
+                            split_idx, mO, mLSE, mOaccum, mLSEaccum)
