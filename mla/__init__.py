@@ -1,0 +1,24 @@
+"""MLA paged decode attention for NVIDIA Hopper (sm_90a), kernels written with the CuTe DSL.
+
+Public API (FlashMLA-compatible names and argument positions)::
+
+    from mla import get_mla_metadata, flash_mla_with_kvcache, MLADecoder
+
+- ``get_mla_metadata(cache_seqlens, s_q * h_q // h_kv, h_kv)`` -> ``(tile_scheduler_metadata,
+  num_splits)``; ``get_mla_metadata()`` -> ``(MLASchedMeta(), None)``, planned on first use.
+- ``flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, tile_scheduler_metadata,
+  num_splits, softmax_scale=None, causal=False, *, pipeline="auto", out=None)`` -> ``(out, lse)``.
+- ``MLADecoder(pipeline="auto")``: ``plan(...)`` once, ``run(...)`` many times (CUDA-graph safe).
+- ``mla.reference.mla_decode_reference``: the fp32 reference (CPU or GPU).
+
+``pipeline=`` picks the kernel variant: ``"2wg"`` (FlashMLA-style, two math warpgroups), ``"3wg"``
+(FA3-style producer + two consumers) or ``"auto"`` (env var ``MLA_PIPELINE``, else ``"2wg"``).
+"""
+from .api import (DEFAULT_PIPELINE, PIPELINE_CHOICES, PIPELINE_ENV_VAR, MLADecoder, MLASchedMeta,
+                  flash_mla_with_kvcache, get_mla_metadata, resolve_pipeline)
+from .reference import mla_decode_reference
+
+__all__ = [
+    "get_mla_metadata", "flash_mla_with_kvcache", "MLADecoder", "MLASchedMeta", "mla_decode_reference",
+    "resolve_pipeline", "PIPELINE_CHOICES", "PIPELINE_ENV_VAR", "DEFAULT_PIPELINE",
+]

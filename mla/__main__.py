@@ -1,0 +1,116 @@
+"""``python -m mla``: report the environment and check the library on what this machine has.
+
+With a Hopper GPU and a kernel: run a small decode through the public API for every pipeline that
+has a kernel and compare it with the fp32 reference (exit 1 on a mismatch or an error).
+Otherwise say plainly why not, and check the CPU side instead: the split planner plus the merge
+math against the unsplit reference (exit 1 on a mismatch). A missing kernel is reported, not a
+failure.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import platform
+import sys
+
+import torch
+
+import pipelines
+from split_k import planner
+
+from . import api
+from .reference import compare_to_reference, mla_decode_reference, split_decode_reference
+from .testing import hopper_skip_reason, make_decode_problem
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def report_environment() -> None:
+    """Print versions, the GPU (if any) and which pipelines have a kernel."""
+    dsl = _dist_version("nvidia-cutlass-dsl")
+    flavors = [f"{cu} {v}" for cu in ("cu12", "cu13") if (v := _dist_version(f"nvidia-cutlass-dsl-libs-{cu}"))]
+    print(f"python {platform.python_version()}, torch {torch.__version__}")
+    print(f"CuTe DSL (nvidia-cutlass-dsl): {dsl or 'not installed'}"
+          + (f" [libs: {', '.join(flavors)}]" if flavors else ""))
+    if torch.cuda.is_available():
+        for i in range(torch.cuda.device_count()):
+            props = torch.cuda.get_device_properties(i)
+            print(f"GPU {i}: {props.name}, sm_{props.major}{props.minor}, {props.multi_processor_count} SMs, "
+                  f"{props.total_memory / 2**30:.0f} GiB")
+    else:
+        print("GPU: none (torch.cuda.is_available() is False)")
+    available = pipelines.available_variants()
+    print(f"pipelines: {', '.join(pipelines.VARIANTS)}; with a kernel: {', '.join(available) or 'none yet'}; "
+          f"pipeline='auto' -> {api.resolve_pipeline('auto')}")
+
+
+def gpu_check() -> bool:
+    """Decode b=2, s_q=1, h_q=16, ~200 keys, NaN in unused cache slots, through the public API for
+    each pipeline with a kernel; compare with the reference. Returns True when all pass."""
+    ok = True
+    for variant in pipelines.available_variants():
+        sizes = pipelines.supported_page_sizes(variant)
+        page_size = 64 if 64 in sizes else sizes[0]
+        prob = make_decode_problem([200, 137], s_q=1, h_q=16, page_size=page_size, device="cuda", seed=1)
+        ref_out, ref_lse = mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens)
+        try:
+            metadata, num_splits = api.get_mla_metadata(prob.cache_seqlens, 16, 1)
+            out, lse = api.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512,
+                                                  metadata, num_splits, pipeline=variant)
+            torch.cuda.synchronize()
+        except Exception as exc:  # report every variant, then fail
+            print(f"  {variant} (page {page_size}): FAIL, raised {type(exc).__name__}: {exc}")
+            ok = False
+            continue
+        cmp = compare_to_reference(out, lse, ref_out, ref_lse)
+        print(f"  {variant} (page {page_size}): max |out - ref| = {cmp.max_abs_out:.3g}, "
+              f"max |lse - ref| = {cmp.max_abs_lse:.3g}, cosine distance {cmp.cos_dist:.2g}: "
+              f"{'PASS' if cmp.ok else 'FAIL (' + cmp.message + ')'}")
+        ok &= cmp.ok
+    return ok
+
+
+def cpu_check(num_sms: int = 132) -> bool:
+    """Plan a varlen batch (with an empty request) for ``num_sms`` SMs, compute each chunk with the
+    reference, merge, and compare with the unsplit reference. Returns True when it matches."""
+    ok = True
+    for s_q, h_q, causal in ((1, 16, False), (2, 64, True)):
+        seqlens = [200, 0, 1000, 37]
+        prob = make_decode_problem(seqlens, s_q=s_q, h_q=h_q, seed=2)
+        parts = planner.num_sm_parts(num_sms, s_q * h_q, 1)
+        metadata, num_splits = planner.plan(seqlens, parts)
+        chunks = num_splits[-1].item()
+        ref_out, ref_lse = mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens,
+                                                causal=causal)
+        out, lse, _, _ = split_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens,
+                                                metadata, num_splits, causal=causal)
+        cmp = compare_to_reference(out, lse, ref_out, ref_lse, out_atol=1e-5, out_rtol=1e-5, lse_atol=1e-5,
+                                   lse_rtol=1e-6, max_cos_dist=1e-9)
+        print(f"  b=4 s_q={s_q} h_q={h_q} causal={causal} lengths {seqlens}: {parts} parts, {chunks} chunks; "
+              f"split+merge vs unsplit reference: max |out diff| = {cmp.max_abs_out:.2g}, "
+              f"max |lse diff| = {cmp.max_abs_lse:.2g}: {'PASS' if cmp.ok else 'FAIL (' + cmp.message + ')'}")
+        ok &= cmp.ok
+    return ok
+
+
+def main() -> int:
+    report_environment()
+    reason = hopper_skip_reason()
+    if reason is None and pipelines.available_variants():
+        print("GPU decode check through the public API against the fp32 reference:")
+        return 0 if gpu_check() else 1
+    if reason is None:
+        print("Hopper GPU found, but no pipeline has a kernel yet: no GPU decode to check. "
+              "Checking the reference and planner on the CPU instead:")
+    else:
+        print(f"No Hopper GPU here ({reason}): GPU decode not run. "
+              f"Checking the reference and planner on the CPU instead:")
+    return 0 if cpu_check() else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

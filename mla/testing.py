@@ -1,0 +1,64 @@
+"""Helpers for tests, the ``python -m mla`` self-check and benchmarks: random decode problems laid out
+as the anchors test them, and the Hopper-GPU probe that decides whether GPU tests run."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .reference import HEAD_DIM_QK
+
+UNUSED_PAGE_ID = 1 << 30
+"""block_table value for entries past a request's last page: reading it faults, so a kernel that
+reads past the end is caught."""
+
+
+@dataclass
+class DecodeProblem:
+    """Inputs of one decode call (see ``mla.flash_mla_with_kvcache`` for shapes)."""
+    q: torch.Tensor
+    k_cache: torch.Tensor
+    block_table: torch.Tensor
+    cache_seqlens: torch.Tensor
+
+
+def make_decode_problem(seqlens: Sequence[int], *, s_q: int = 1, h_q: int = 16, h_kv: int = 1,
+                        page_size: int = 64, head_dim: int = HEAD_DIM_QK, dtype: torch.dtype = torch.bfloat16,
+                        device="cpu", seed: int = 0) -> DecodeProblem:
+    """A random paged decode problem.
+
+    Pages are assigned in a random permutation; every cache slot that holds no token (the tail of
+    each request's last page) is NaN; block_table entries past a request's last page are
+    ``UNUSED_PAGE_ID``. Values are drawn on the CPU from ``seed``, so the problem is the same on
+    every device.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    b = len(seqlens)
+    pages_per_req = [-(-n // page_size) for n in seqlens]
+    num_pages = max(sum(pages_per_req), 1)
+    order = torch.randperm(num_pages, generator=gen).tolist()
+    block_table = torch.full((b, max(max(pages_per_req, default=0), 1)), UNUSED_PAGE_ID, dtype=torch.int32)
+    k_cache = torch.full((num_pages, page_size, h_kv, head_dim), float("nan"), dtype=dtype)
+    values = torch.randn(num_pages, page_size, h_kv, head_dim, generator=gen).to(dtype)
+    next_page = 0
+    for r, (n, n_pages) in enumerate(zip(seqlens, pages_per_req)):
+        for p in range(n_pages):
+            page = order[next_page]
+            next_page += 1
+            block_table[r, p] = page
+            used = min(page_size, n - p * page_size)
+            k_cache[page, :used] = values[page, :used]
+    q = torch.randn(b, s_q, h_q, head_dim, generator=gen).to(dtype)
+    cache_seqlens = torch.tensor(list(seqlens), dtype=torch.int32)
+    return DecodeProblem(q.to(device), k_cache.to(device), block_table.to(device), cache_seqlens.to(device))
+
+
+def hopper_skip_reason() -> str | None:
+    """``None`` when a CUDA device of compute capability 9.x is usable, else why GPU tests skip."""
+    if not torch.cuda.is_available():
+        return "no CUDA device (torch.cuda.is_available() is False)"
+    major, minor = torch.cuda.get_device_capability()
+    if major != 9:
+        return f"needs a Hopper GPU (sm_90), found {torch.cuda.get_device_name()} (sm_{major}{minor})"
+    return None

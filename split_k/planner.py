@@ -1,0 +1,240 @@
+"""Split-kv planner: which CTA processes which KV tiles of which request.
+
+This module is the one place where the plan's layout is documented; ``docs/interfaces.md`` is the
+binding contract it implements.
+
+Problem shape. Request ``r`` of a batch of ``b`` has ``seqlen_r`` keys, cut into KV tiles of
+``block_n`` (= 64) tokens: ``n_blocks(r) = ceil(seqlen_r / block_n)`` tiles, 0 for an empty request.
+Its ``rows = s_q * h_q`` query rows are cut into M tiles of 64 rows. The kernel launches
+``num_m_blocks * h_kv * num_sm_parts`` CTAs; every (m-block, kv-head) pair walks the *same* plan, so
+the plan only splits the KV dimension.
+
+``num_sm_parts(num_sms, rows_per_kv, h_kv) = max(num_sms // h_kv // ceil(rows_per_kv / 64), 1)``
+(FlashMLA's rule): enough parts that one wave of CTAs fills the GPU.
+
+``tile_scheduler_metadata``: int32 ``[num_parts, 8]``, one row per part (one CTA's work list):
+
+====  ===========  ==========================================================================
+idx   name         meaning
+====  ===========  ==========================================================================
+0     begin_req    first request of the part
+1     begin_block  first KV tile of ``begin_req``
+2     end_req      last request of the part (inclusive)
+3     end_block    one past the last KV tile of ``end_req`` (exclusive)
+4     begin_split  chunk index (within ``begin_req``) of the part's first chunk
+5-7   reserved     0
+====  ===========  ==========================================================================
+
+A part processes requests ``begin_req..end_req``. For a request strictly inside the range the
+chunk is ``[0, n_blocks)`` with chunk index 0; ``begin_req``'s chunk starts at ``begin_block`` with
+chunk index ``begin_split``; ``end_req``'s chunk stops at ``end_block``. An empty part is
+``[0, 0, -1, 0, 0, 0, 0, 0]`` so that the kernel's loop ``for r in [begin_req, end_req]`` runs zero
+times; empty parts only occur after all work has been handed out (at the tail).
+
+``num_splits``: int32 ``[b + 1]``, a prefix sum: request ``r`` has
+``num_splits[r + 1] - num_splits[r] >= 1`` chunks, and chunk ``j`` of request ``r`` owns workspace
+row ``num_splits[r] + j``. A request with one chunk is *not split*: its CTA writes ``out``/``lse``
+directly. Split requests write fp32 partials (``o_accum[b + num_parts, rows, 512]``,
+``lse_accum[b + num_parts, rows]``, natural log, ``-inf`` for a row that saw no key) and the merge
+stage combines them. ``num_splits[b] <= b + num_parts - 1`` because consecutive parts share at
+most one request, so the workspace is sized without reading the plan back.
+
+Every KV tile of every request is covered exactly once; a zero-length request is one chunk
+``[0, 0)`` of exactly one part and is never split.
+
+Balancing (FlashMLA's scheme). A chunk of ``k`` tiles costs ``k + fixed_cost`` (the fixed term
+stands for the per-chunk work that does not scale with the length: loading Q, the epilogue and, for
+split requests, the merge). With ``total = sum(n_blocks(r) + fixed_cost)`` each part gets a budget
+``payload = ceil(total / num_parts) + fixed_cost`` and parts are filled in request order: a request
+whose remaining cost fits the part's remaining budget is taken whole (no split when it fits);
+otherwise the part takes as many tiles as its budget allows after paying the fixed cost, and the
+rest of the request continues in the next part. Bounds (checked by the tests):
+
+- every part costs at most ``payload``;
+- every non-empty part but the last non-empty one costs at least ``ceil(total / num_parts)``;
+- everything fits in ``num_parts`` parts: a part ends either full (a split, which adds one
+  ``fixed_cost`` of work for the continuation chunk) or with at most ``fixed_cost`` budget unused
+  (no split), so the parts before the last lose at most ``fixed_cost`` each against ``payload``,
+  which is exactly the slack the budget carries.
+
+The plan is a pure function of the lengths (deterministic) and runs on the host. The layout only
+needs the lengths and a scan over requests, so a device-side planner (one warp doing the same scan,
+as FlashMLA does) can produce the same tensors later without a host sync.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+BLOCK_M = 64
+"""Query rows per M tile."""
+BLOCK_N = 64
+"""Tokens per KV tile, whatever the page size."""
+FIXED_COST = 5
+"""Per-chunk overhead, in KV tiles, that the balancer charges (FlashMLA's value)."""
+METADATA_WIDTH = 8
+"""int32 fields per part in ``tile_scheduler_metadata``."""
+
+# Field indices of a tile_scheduler_metadata row.
+BEGIN_REQ, BEGIN_BLOCK, END_REQ, END_BLOCK, BEGIN_SPLIT = range(5)
+
+
+def num_sm_parts(num_sms: int, rows_per_kv: int, h_kv: int) -> int:
+    """Number of parts (CTAs per m-block and kv head) to split the batch's KV work into.
+
+    ``rows_per_kv = s_q * h_q // h_kv`` query rows share one KV head (FlashMLA's
+    ``num_heads_per_head_k``); they need ``ceil(rows_per_kv / 64)`` M tiles, each of which walks the
+    whole plan, so one wave of ``num_sms`` CTAs holds ``num_sms // h_kv // m_blocks`` parts.
+    """
+    for name, value in (("num_sms", num_sms), ("rows_per_kv", rows_per_kv), ("h_kv", h_kv)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    m_blocks = -(-rows_per_kv // BLOCK_M)
+    return max(num_sms // h_kv // m_blocks, 1)
+
+
+def host_lengths(seqlens: Sequence[int] | torch.Tensor, name: str = "seqlens") -> list[int]:
+    """Key counts as a host list of non-negative ints (a CUDA tensor is copied, which syncs).
+
+    Raises ``ValueError`` naming ``name`` for a non-integer or negative entry.
+    """
+    if isinstance(seqlens, torch.Tensor):
+        if seqlens.dim() != 1 or seqlens.dtype.is_floating_point or seqlens.dtype.is_complex:
+            raise ValueError(f"{name} must be a 1-D integer tensor, got {seqlens.dtype} {tuple(seqlens.shape)}")
+        lengths = seqlens.tolist()
+    else:
+        lengths = list(seqlens)
+    for r, n in enumerate(lengths):
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise ValueError(f"{name}[{r}] must be an int, got {n!r}")
+        if n < 0:
+            raise ValueError(f"{name}[{r}] = {n} is negative")
+    return lengths
+
+
+def n_blocks(seqlen: int, block_n: int = BLOCK_N) -> int:
+    """KV tiles of a request with ``seqlen`` keys."""
+    return -(-seqlen // block_n)
+
+
+def plan(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = BLOCK_N,
+         fixed_cost: int = FIXED_COST) -> tuple[torch.Tensor, torch.Tensor]:
+    """Split the batch's KV tiles into ``num_parts`` balanced work lists.
+
+    Args:
+        seqlens: ``[b]`` key counts (list of ints or an integer tensor; a CUDA tensor is copied to
+            the host, which synchronises).
+        num_parts: number of parts, usually ``num_sm_parts(...)``.
+        block_n: tokens per KV tile (64 for the kernels).
+        fixed_cost: per-chunk overhead in tiles charged by the balancer (>= 0).
+
+    Returns:
+        ``(tile_scheduler_metadata, num_splits)``: CPU int32 tensors ``[num_parts, 8]`` and
+        ``[b + 1]`` in the layout of this module's docstring.
+    """
+    lengths = host_lengths(seqlens)
+    if isinstance(num_parts, bool) or not isinstance(num_parts, int) or num_parts < 1:
+        raise ValueError(f"num_parts must be a positive int, got {num_parts!r}")
+    if isinstance(block_n, bool) or not isinstance(block_n, int) or block_n < 1:
+        raise ValueError(f"block_n must be a positive int, got {block_n!r}")
+    if isinstance(fixed_cost, bool) or not isinstance(fixed_cost, int) or fixed_cost < 0:
+        raise ValueError(f"fixed_cost must be a non-negative int, got {fixed_cost!r}")
+
+    b = len(lengths)
+    blocks = [n_blocks(n, block_n) for n in lengths]
+    _, payload = _budget(blocks, num_parts, fixed_cost)
+
+    metadata = [[0, 0, -1, 0, 0, 0, 0, 0] for _ in range(num_parts)]
+    num_splits = [0] * (b + 1)
+    req, block, split = 0, 0, 0  # cursor: next tile to hand out is `block` of request `req`
+    for part in range(num_parts):
+        if req == b:
+            break  # all work handed out; the remaining parts stay empty
+        begin = (req, block, split)
+        budget = payload
+        while req < b:
+            cost = blocks[req] - block + fixed_cost
+            if cost <= budget:  # the rest of the request fits: take it whole
+                budget -= cost
+                num_splits[req + 1] = num_splits[req] + split + 1
+                req, block, split = req + 1, 0, 0
+                continue
+            if budget > fixed_cost:  # take what the budget allows; the rest goes to the next part
+                block += budget - fixed_cost
+                split += 1
+            break
+        if block > 0:
+            end_req, end_block = req, block
+        else:
+            end_req, end_block = req - 1, blocks[req - 1]
+        metadata[part][:5] = [begin[0], begin[1], end_req, end_block, begin[2]]
+
+    if req != b:  # unreachable by the budget argument in the module docstring
+        raise AssertionError(f"planner left requests {req}..{b - 1} unassigned")
+    return (torch.tensor(metadata, dtype=torch.int32).reshape(num_parts, METADATA_WIDTH),
+            torch.tensor(num_splits, dtype=torch.int32))
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One unit of a part's work: tiles ``[begin_block, end_block)`` of request ``req``.
+
+    ``split`` is the chunk's index within its request; a split request writes workspace row
+    ``num_splits[req] + split``.
+    """
+    part: int
+    req: int
+    begin_block: int
+    end_block: int
+    split: int
+
+
+def part_chunks(metadata: torch.Tensor, seqlens: Sequence[int] | torch.Tensor,
+                block_n: int = BLOCK_N) -> list[list[Chunk]]:
+    """Decode ``tile_scheduler_metadata`` the way the kernel walks it.
+
+    Returns one list of ``Chunk`` per part, in the order the part's CTA processes them. Used by
+    the tests and by ``mla.reference.split_decode_reference`` (the contract's executable model).
+    """
+    lengths = host_lengths(seqlens)
+    rows = metadata.tolist()
+    result = []
+    for part, (begin_req, begin_block, end_req, end_block, begin_split, *_) in enumerate(rows):
+        chunks = []
+        for r in range(begin_req, end_req + 1):
+            first, last = r == begin_req, r == end_req
+            chunks.append(Chunk(
+                part=part, req=r,
+                begin_block=begin_block if first else 0,
+                end_block=end_block if last else n_blocks(lengths[r], block_n),
+                split=begin_split if first else 0))
+        result.append(chunks)
+    return result
+
+
+def workspace_shapes(batch_size: int, num_parts: int, rows: int,
+                     head_dim_v: int = 512) -> tuple[tuple[int, int, int], tuple[int, int]]:
+    """Shapes of ``(o_accum, lse_accum)`` (both fp32): ``[b + num_parts, rows, head_dim_v]`` and
+    ``[b + num_parts, rows]``; ``b + num_parts`` bounds ``num_splits[b]`` for any lengths."""
+    n = batch_size + num_parts
+    return (n, rows, head_dim_v), (n, rows)
+
+
+def chunk_cost(chunk: Chunk, fixed_cost: int = FIXED_COST) -> int:
+    """Cost the balancer charges for ``chunk``: its tiles plus the fixed per-chunk overhead."""
+    return chunk.end_block - chunk.begin_block + fixed_cost
+
+
+def _budget(blocks: list[int], num_parts: int, fixed_cost: int) -> tuple[int, int]:
+    total = sum(blocks) + fixed_cost * len(blocks)
+    target = -(-total // num_parts)
+    return target, target + fixed_cost
+
+
+def balance_budget(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = BLOCK_N,
+                   fixed_cost: int = FIXED_COST) -> tuple[int, int]:
+    """``(ceil(total / num_parts), payload)`` for these lengths: every non-empty part but the last
+    costs at least the first, every part at most the second (see the module docstring)."""
+    return _budget([n_blocks(n, block_n) for n in host_lengths(seqlens)], num_parts, fixed_cost)
