@@ -8,7 +8,10 @@ from __future__ import annotations
 VARIANTS = ("2wg", "3wg")
 
 # variant -> page sizes its load path supports (filled in as kernels land)
-_PAGE_SIZES: dict[str, tuple[int, ...]] = {}
+_PAGE_SIZES: dict[str, tuple[int, ...]] = {
+    # TMA page path: one 64-token page per KV tile.
+    "2wg": (64,),
+}
 
 
 def available_variants() -> list[str]:
@@ -30,4 +33,6 @@ def run_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_m
         raise ValueError(f"pipeline must be one of {VARIANTS}, got {variant!r}")
     if variant not in _PAGE_SIZES:
         raise NotImplementedError(f"pipeline {variant!r} has no kernel yet; available: {available_variants()}")
-    raise NotImplementedError  # replaced when the 2wg kernel lands
+    from pipelines.launch import launch_decode
+    launch_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
+                  out, lse, o_accum, lse_accum, softmax_scale, causal)

@@ -67,12 +67,30 @@ def compile_decode(variant: str, dtype: str, num_heads: int, seqlen_q: int, page
             _fake(f32, 3, {2: 512}),  # o_accum
             _fake(f32, 2),  # lse_accum
             f32(1.0),
-            cute.runtime.make_fake_stream() if hasattr(cute.runtime, "make_fake_stream") else None,
+            cute.runtime.make_fake_stream(),
         )
         if options is None:
             fn = cute.compile(kernel, *args)
         else:
             fn = cute.compile(kernel, *args, options=options)
+        _CACHE[key] = fn
+        return fn
+
+
+def compile_merge(dtype: str, num_heads: int, seqlen_q: int, options: str | None = None):
+    """Compile (or fetch) the split-kv merge kernel for one (dtype, h_q, s_q)."""
+    key = ("merge", dtype, num_heads, seqlen_q, options)
+    with _LOCK:
+        fn = _CACHE.get(key)
+        if fn is not None:
+            return fn
+        from split_k.merge_kernel import SplitMerge
+        cdt = _cute_dtype(dtype)
+        f32 = cutlass.Float32
+        args = (_fake(f32, 3, {2: 512}), _fake(f32, 2), _fake(cutlass.Int32, 1), _fake(cdt, 3, {2: 512}),
+                _fake(f32, 3), cute.runtime.make_fake_stream())
+        merge = SplitMerge(cdt, num_heads, seqlen_q)
+        fn = cute.compile(merge, *args) if options is None else cute.compile(merge, *args, options=options)
         _CACHE[key] = fn
         return fn
 
@@ -89,10 +107,14 @@ def launch_decode(variant, q, k_cache, block_table, cache_seqlens, tile_schedule
     b, s_q, h_q, d = q.shape
     dtype = str(q.dtype).replace("torch.", "")
     fn = compile_decode(variant, dtype, h_q, s_q, k_cache.shape[1], causal)
+    merge = compile_merge(dtype, h_q, s_q)
     q3 = q.reshape(b, s_q * h_q, d)
     k3 = k_cache.view(k_cache.shape[0], k_cache.shape[1], k_cache.shape[3])
     out3 = out.view(b, s_q * h_q, out.shape[-1])
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    num_splits_v, out3_v, lse_v, o_accum_v, lse_accum_v = (
+        _view(num_splits), _view(out3), _view(lse), _view(o_accum), _view(lse_accum))
     fn(_view(q3), _view(k3), _view(block_table), _view(cache_seqlens), _view(tile_scheduler_metadata),
-       _view(num_splits), _view(out3), _view(lse), _view(o_accum), _view(lse_accum),
-       cutlass.Float32(softmax_scale), stream)
+       num_splits_v, out3_v, lse_v, o_accum_v, lse_accum_v, cutlass.Float32(softmax_scale), stream)
+    # Second stage: requests with one chunk were written by the main kernel; the merge kernel skips them.
+    merge(o_accum_v, lse_accum_v, num_splits_v, out3_v, lse_v, stream)
