@@ -1,0 +1,178 @@
+"""GPU measurements: the device roofline, the inputs of a config, and CUDA-graph replay timing.
+
+torch is imported by the functions that need it, so the rest of perf_table (and its tests) runs on
+a machine without a GPU. ``make_inputs`` also works on the CPU, which is how it is tested.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+
+from .formulas import gbps, tflops
+from .grid import HEAD_DIM, HEAD_DIM_V, Config
+
+# Device roofline: a copy far larger than L2 (50 MB on H100/H200), and the GEMM of the design
+# notes' anchors.
+COPY_BYTES = 1 << 30
+GEMM_N = 8192
+ROOFLINE_REPS = 20
+
+
+@dataclasses.dataclass
+class Inputs:
+    """Device tensors of one config, shaped as ``mla.MLADecoder.run`` takes them."""
+
+    q: object            # [b, s_q, h_q, 576]
+    k_cache: object      # [num_pages, page_size, 1, 576]
+    block_table: object  # int32 [b, max_pages]
+    cache_seqlens: object  # int32 [b]
+    total_kv_tokens: int
+
+
+def _uniformish(torch, shape, generator, device, dtype):
+    # randn/10 clamped to [-1, 1], as the anchors: realistic magnitudes (and never all zeros,
+    # which would understate the power draw of the tensor cores).
+    x = torch.randn(shape, generator=generator, device=device, dtype=dtype)
+    return x.div_(10).clamp_(-1, 1)
+
+
+def make_inputs(cfg: Config, device="cuda", seed: int = 0) -> Inputs:
+    """Fresh random q and paged KV for ``cfg``, pages in a random order, built on ``device``.
+
+    (``mla.testing.make_decode_problem`` builds on the CPU page by page, with NaN tails for
+    correctness tests: far too slow for the 2.1M pages of b128 x 16384 at page size 1.)
+
+    Each request gets ceil(seqlen / page_size) pages drawn from one random permutation of the
+    pool, so consecutive pages of a request are scattered as in a long-running server. Unused
+    block_table slots point at page 0 (a valid page: they are never read, but a stray read must not
+    fault while timing).
+    """
+    import torch
+
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}[cfg.dtype]
+    lengths = cfg.seqlens()
+    pages = [math.ceil(n / cfg.page_size) for n in lengths]
+    total_pages = max(sum(pages), 1)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+
+    q = _uniformish(torch, (cfg.b, cfg.s_q, cfg.h_q, HEAD_DIM), gen, device, dtype)
+    k_cache = _uniformish(torch, (total_pages, cfg.page_size, 1, HEAD_DIM), gen, device, dtype)
+    perm = torch.randperm(total_pages, generator=gen, device=device).to(torch.int32)
+    pages_t = torch.tensor(pages, device=device)
+    max_pages = max(max(pages), 1)
+    used = torch.arange(max_pages, device=device)[None, :] < pages_t[:, None]
+    block_table = torch.zeros(cfg.b, max_pages, dtype=torch.int32, device=device)
+    # Boolean-mask assignment fills in row-major order: request r gets the next pages[r] ids.
+    block_table[used] = perm[: sum(pages)]
+    cache_seqlens = torch.tensor(lengths, dtype=torch.int32, device=device)
+    return Inputs(q, k_cache, block_table, cache_seqlens, sum(lengths))
+
+
+def make_decode_fn(mla, variant: str, cfg: Config, inp: Inputs):
+    """A zero-argument callable running one decode through the public API, planned once.
+
+    ``mla.MLADecoder.plan`` does the host work (split plan, workspace) here, outside the timed
+    region, as the anchors computed FlashMLA's scheduler metadata once; with ``out`` preallocated,
+    ``run`` neither synchronises nor allocates, so it can be captured in a CUDA graph.
+    """
+    import torch
+
+    decoder = mla.MLADecoder(pipeline=variant)
+    decoder.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1,
+                 page_size=cfg.page_size, dtype=inp.q.dtype, causal=cfg.causal)
+    out = torch.empty(cfg.b, cfg.s_q, cfg.h_q, HEAD_DIM_V, dtype=inp.q.dtype, device=inp.q.device)
+
+    def call():
+        decoder.run(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, out=out)
+
+    return call
+
+
+def _backlog(torch, n_calls: int):
+    # Queue a spin kernel first so the CPU enqueues the timed launches while the GPU is busy:
+    # each replay then starts as soon as the previous one ends, and the events measure GPU time,
+    # not launch latency. ~20 us of lead per call covers the CPU cost of a graph launch + 2 events.
+    if hasattr(torch.cuda, "_sleep"):
+        torch.cuda._sleep(int(n_calls * 20e-6 * 1.5e9))
+
+
+def time_graph(fn, replays: int = 100, warmup: int = 3) -> list[float]:
+    """Per-replay times in microseconds of ``fn`` captured in one CUDA graph.
+
+    ``fn`` runs twice eagerly first (the first call compiles the kernel), then is captured once;
+    the graph is replayed ``warmup`` times untimed and ``replays`` times between CUDA events.
+    """
+    import torch
+
+    fn()
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
+    _backlog(torch, replays)
+    for start, end in zip(starts, ends):
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    times = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    del graph
+    return times
+
+
+def _median_event_us(torch, fn, reps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
+    for start, end in zip(starts, ends):
+        start.record()
+        fn()
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
+
+
+def measure_roofline(copy_bytes: int = COPY_BYTES, gemm_n: int = GEMM_N, reps: int = ROOFLINE_REPS) -> dict:
+    """The device's practical limits, measured now: copy GB/s (read + write) and bf16 GEMM TFLOP/s."""
+    import torch
+
+    src = torch.randn(copy_bytes // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    copy_us = _median_event_us(torch, lambda: dst.copy_(src), reps)
+    del src, dst
+    a = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(gemm_n, gemm_n, device="cuda", dtype=torch.bfloat16)
+    c = torch.empty_like(a)
+    gemm_us = _median_event_us(torch, lambda: torch.mm(a, b, out=c), reps)
+    del a, b, c
+    torch.cuda.empty_cache()
+    return {
+        "copy_bytes": 2 * copy_bytes,  # read + written
+        "copy_us": copy_us,
+        "copy_gbps": gbps(2 * copy_bytes, copy_us),
+        "gemm_n": gemm_n,
+        "gemm_us": gemm_us,
+        "gemm_tflops": tflops(2 * gemm_n**3, gemm_us),
+        "reps": reps,
+    }
+
+
+def cuda_healthy() -> bool:
+    """False once the CUDA context is broken (a sticky error such as an illegal address)."""
+    import torch
+
+    try:
+        torch.cuda.synchronize()
+        return True
+    except Exception:  # noqa: BLE001 - any failure here means the context is unusable
+        return False

@@ -1,0 +1,304 @@
+"""``python -m perf_table run``: measure the roofline and the grid, write one raw JSON per run.
+
+The orchestration (which configs, what a row holds, how failures are recorded, the JSON layout) is
+plain Python and takes the timing function as an argument, so it is tested on a CPU with a fake
+one; ``main`` wires it to the GPU measurements of ``bench``.
+"""
+from __future__ import annotations
+
+import datetime
+import gc
+import json
+import pathlib
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from typing import Callable, Iterable
+
+from . import formulas, grid
+from .anchors import anchor_key, family_order, load_anchors
+
+SCHEMA_VERSION = 1
+PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
+REPO_ROOT = PACKAGE_DIR.parent
+RESULTS_DIR = PACKAGE_DIR / "results"
+MIN_REPLAYS = 100
+WARMUP_REPLAYS = 3
+SEED = 0
+
+TIMING = {
+    "method": "CUDA graph of one mla.MLADecoder.run call (plan() once, outside the graph; out "
+              "preallocated), replayed back to back behind a spin kernel; CUDA events around each "
+              "replay; median reported",
+    "eager_calls_before_capture": 2,
+    "warmup_replays": WARMUP_REPLAYS,
+    "l2_flushed": False,
+}
+INPUTS = {
+    "values": "randn/10 clamped to [-1, 1] (q and KV)",
+    "pages": "random permutation of the page pool; unused block_table slots = page 0",
+    "seed": SEED,
+    "varlen": "lengths from N(mean, mean/2) rounded, clipped at 0, b//32 (>= 1) requests set to 0; "
+              "numpy seed (0, b, mean)",
+    "causal": "s_q > 1",
+}
+
+
+class PreflightError(Exception):
+    """The run cannot start (no GPU, no kernel, unknown pipeline). The message says why."""
+
+
+def require_gpu(cuda_available: bool, torch_version: str) -> None:
+    """PreflightError unless torch sees a CUDA device."""
+    if not cuda_available:
+        raise PreflightError(
+            f"python -m perf_table run needs a CUDA GPU, and torch {torch_version} sees none "
+            "(torch.cuda.is_available() is False). Run it on the GPU machine; "
+            "`python -m perf_table regenerate` is the part that runs on a CPU.")
+
+
+def select_variants(available: list[str], known: Iterable[str], requested: str | None) -> list[str]:
+    """The pipeline variants to measure, or a PreflightError saying why there are none."""
+    known = tuple(known)
+    if not available:
+        raise PreflightError(
+            f"no pipeline variant has a kernel yet: pipelines.VARIANTS = {list(known)}, "
+            "pipelines.available_variants() = []. Nothing to measure.")
+    if requested is not None:
+        if requested not in available:
+            raise PreflightError(
+                f"--pipeline {requested!r} is not available; available: {available} "
+                f"(known: {list(known)})")
+        return [requested]
+    return list(available)
+
+
+def build_plan(variants: list[str], supported_page_sizes: Callable[[str], tuple[int, ...]], quick: bool,
+               page_sizes: Iterable[int] | None = None) -> list[tuple[str, grid.Config]]:
+    """(variant, config) pairs in run order: variant by variant, page size by page size.
+
+    A variant runs the grid's page sizes (64, 16, 1) that it supports, narrowed to ``page_sizes``
+    when given.
+    """
+    wanted = set(page_sizes) if page_sizes else set(grid.PAGE_SIZES)
+    plan = []
+    for variant in variants:
+        pages = tuple(p for p in grid.grid_page_sizes(tuple(supported_page_sizes(variant))) if p in wanted)
+        configs = grid.quick_grid(pages) if quick else grid.full_grid(pages)
+        plan.extend((variant, cfg) for cfg in configs)
+    return plan
+
+
+def _config_fields(variant: str, cfg: grid.Config) -> dict:
+    return {"pipeline": variant, "dtype": cfg.dtype, "page_size": cfg.page_size, "b": cfg.b, "s_q": cfg.s_q,
+            "h_q": cfg.h_q, "seqlen": cfg.seqlen, "varlen": cfg.varlen, "causal": cfg.causal}
+
+
+def measure_row(variant: str, cfg: grid.Config, total_kv_tokens: int, samples_us: list[float],
+                roofline: dict) -> dict:
+    """One row of the raw JSON from the replay times of a config: every figure the table shows."""
+    us = statistics.median(samples_us)
+    nbytes = formulas.decode_bytes(cfg.b, cfg.s_q, cfg.h_q, total_kv_tokens, cfg.dtype)
+    flops = formulas.decode_flops(cfg.s_q, cfg.h_q, total_kv_tokens)
+    bound_us, bound = formulas.roofline_us(nbytes, flops, roofline["copy_gbps"], roofline["gemm_tflops"])
+    ordered = sorted(samples_us)
+    row = _config_fields(variant, cfg)
+    row.update({
+        "total_kv_tokens": total_kv_tokens,
+        "bytes": nbytes,
+        "flops": flops,
+        "replays": len(samples_us),
+        "us": us,
+        "us_min": ordered[0],
+        "us_p90": ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))],
+        "gbps": formulas.gbps(nbytes, us),
+        "tflops": formulas.tflops(flops, us),
+        "roofline_us": bound_us,
+        "bound": bound,
+        "roofline_frac": bound_us / us,
+        "error": None,
+    })
+    return row
+
+
+def error_row(variant: str, cfg: grid.Config, error: str) -> dict:
+    """A row for a config that did not produce a time; regenerate shows it as failed."""
+    row = _config_fields(variant, cfg)
+    row.update({"us": None, "error": error})
+    return row
+
+
+def anchor_note(anchors: dict, device: str, cfg: grid.Config, us: float) -> str:
+    """' | FlashMLA 224.1 us x1.02' for each anchor of this config on this device ('' if none)."""
+    key = anchor_key(device, cfg.dtype, cfg.page_size, cfg.b, cfg.s_q, cfg.h_q, cfg.seqlen, cfg.varlen)
+    notes = [f" | {family} {anchors[family][key].us:.1f} us x{anchors[family][key].us / us:.2f}"
+             for family in family_order(anchors) if key in anchors[family]]
+    return "".join(notes)
+
+
+def run_plan(plan: list[tuple[str, grid.Config]], bench: Callable[[str, grid.Config], tuple[int, list[float]]],
+             roofline: dict, *, log: Callable[[str], None] = print, healthy: Callable[[], bool] = lambda: True,
+             after_each: Callable[[], None] = lambda: None, anchors: dict | None = None,
+             device: str = "") -> list[dict]:
+    """Time every (variant, config) of ``plan`` with ``bench``; one row each, failures included.
+
+    ``bench(variant, cfg)`` returns (total KV tokens, per-replay microseconds). An exception in one
+    config is recorded as that row's error and the run goes on; once ``healthy()`` says the CUDA
+    context is gone, the remaining configs are recorded as not run rather than as fake failures.
+    """
+    rows = []
+    start = time.monotonic()
+    lost = None
+    for i, (variant, cfg) in enumerate(plan, start=1):
+        head = f"[{i:>3}/{len(plan)}] {variant:>4} {cfg.label():<28}"
+        if lost is not None:
+            rows.append(error_row(variant, cfg, f"not run: CUDA context lost at {lost}"))
+            continue
+        try:
+            total, samples = bench(variant, cfg)
+            row = measure_row(variant, cfg, total, samples, roofline)
+            rows.append(row)
+            log(f"{head} {row['us']:9.1f} us {row['gbps']:6.0f} GB/s {row['tflops']:6.1f} TFLOP/s "
+                f"{100 * row['roofline_frac']:5.1f}% of roofline ({row['bound']})"
+                f"{anchor_note(anchors or {}, device, cfg, row['us'])}  [{time.monotonic() - start:.0f} s]")
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a visible failed row
+            error = f"{type(exc).__name__}: {exc}"[:1000]
+            rows.append(error_row(variant, cfg, error))
+            log(f"{head} FAILED {error.splitlines()[0] if error else ''}")
+            traceback.print_exc(file=sys.stderr)
+            if not healthy():
+                lost = f"{variant} {cfg.label()}"
+                log(f"CUDA context lost after {lost}: the remaining configs are recorded as not run")
+        after_each()
+    return rows
+
+
+def device_slug(name: str) -> str:
+    """'NVIDIA H100 80GB HBM3' -> 'nvidia-h100-80gb-hbm3' (file names, plot names)."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+
+
+def git_info(repo_root: pathlib.Path = REPO_ROOT, override: str | None = None) -> dict:
+    """Commit and dirty flag of the checkout; ``override`` names the commit where git is absent.
+
+    The GPU machine gets a copy of the working tree without .git, hence the override (--commit).
+    ``dirty`` is None when it cannot be known.
+    """
+    def git(*args):
+        return subprocess.run(["git", "-C", str(repo_root), *args], capture_output=True, text=True,
+                              check=True, timeout=30).stdout.strip()
+    try:
+        commit = git("rev-parse", "HEAD")
+        dirty = bool(git("status", "--porcelain", "--untracked-files=no"))
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = None, None
+    if override:
+        if commit is None or not commit.startswith(override):
+            commit, dirty = override, None
+    commit = commit or "unknown"
+    return {"commit": commit, "short": commit[:7] if commit != "unknown" else "nogit", "dirty": dirty}
+
+
+def result_path(results_dir: pathlib.Path, device_name: str, date: str, short_commit: str, quick: bool) -> pathlib.Path:
+    """results/<device-slug>_<date>_<shortcommit>[_quick].json"""
+    return pathlib.Path(results_dir) / f"{device_slug(device_name)}_{date}_{short_commit}{'_quick' if quick else ''}.json"
+
+
+def build_record(*, device: dict, versions: dict, git: dict, date: str, quick: bool, replays: int,
+                 roofline: dict, rows: list[dict]) -> dict:
+    """The raw JSON of one run: where, when, with what, the roofline, and every row."""
+    return {
+        "schema": SCHEMA_VERSION,
+        "device": device,
+        "date": date,
+        "git": git,
+        "versions": versions,
+        "mode": "quick" if quick else "full",
+        "timing": dict(TIMING, replays=replays),
+        "inputs": INPUTS,
+        "roofline": roofline,
+        "rows": rows,
+    }
+
+
+def dumps_record(record: dict) -> str:
+    """JSON text with one row per line: small diffs, readable in review, still plain JSON."""
+    head = json.dumps({k: v for k, v in record.items() if k != "rows"}, indent=1, sort_keys=True)
+    rows = ",\n".join("  " + json.dumps(row, sort_keys=True) for row in record["rows"])
+    return head[:-2] + ',\n "rows": [\n' + rows + "\n ]\n}\n"
+
+
+def _versions(torch) -> dict:
+    try:
+        import cutlass
+        dsl = getattr(cutlass, "__version__", "unknown")
+    except Exception as exc:  # noqa: BLE001 - a run without the DSL still records why
+        dsl = f"not importable ({type(exc).__name__})"
+    return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+            "cutlass_dsl": dsl}
+
+
+def main(quick: bool = False, pipeline: str | None = None, out: str | None = None, replays: int = MIN_REPLAYS,
+         page_sizes: list[int] | None = None, commit: str | None = None) -> int:
+    """Run the benchmark on the current GPU; returns the process exit code."""
+    import torch
+
+    require_gpu(torch.cuda.is_available(), torch.__version__)
+    try:
+        import pipelines
+    except Exception as exc:  # noqa: BLE001
+        raise PreflightError(f"cannot import pipelines: {type(exc).__name__}: {exc}") from exc
+    variants = select_variants(pipelines.available_variants(), pipelines.VARIANTS, pipeline)
+    try:
+        import mla
+    except Exception as exc:  # noqa: BLE001
+        raise PreflightError(f"cannot import mla (the public API being measured): {type(exc).__name__}: {exc}") from exc
+    plan = build_plan(variants, pipelines.supported_page_sizes, quick, page_sizes)
+    if not plan:
+        raise PreflightError(f"nothing to run: variants {variants} support page sizes "
+                             f"{ {v: pipelines.supported_page_sizes(v) for v in variants} }, grid has {grid.PAGE_SIZES}")
+
+    from . import bench
+
+    props = torch.cuda.get_device_properties(0)
+    device = {"name": props.name, "sm_count": props.multi_processor_count,
+              "compute_capability": f"{props.major}.{props.minor}",
+              "memory_gib": round(props.total_memory / 2**30, 1)}
+    now = datetime.datetime.now(datetime.timezone.utc)
+    git = git_info(override=commit)
+    versions = _versions(torch)
+    path = pathlib.Path(out) if out else result_path(RESULTS_DIR, props.name, now.strftime("%Y-%m-%d"), git["short"], quick)
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    log(f"perf_table: {props.name} ({props.multi_processor_count} SMs), commit {git['short']}"
+        f"{' (dirty)' if git['dirty'] else ''}, torch {versions['torch']} CUDA {versions['cuda']}, "
+        f"CuTe DSL {versions['cutlass_dsl']}; {len(plan)} configs ({'quick' if quick else 'full'}), "
+        f"{replays} replays each -> {path}")
+
+    roofline = bench.measure_roofline()
+    log(f"roofline: copy {roofline['copy_gbps']:.0f} GB/s (read+write), "
+        f"bf16 GEMM {roofline['gemm_n']}^3 {roofline['gemm_tflops']:.0f} TFLOP/s")
+
+    def run_one(variant, cfg):
+        inp = bench.make_inputs(cfg, seed=SEED)
+        fn = bench.make_decode_fn(mla, variant, cfg, inp)
+        return inp.total_kv_tokens, bench.time_graph(fn, replays, WARMUP_REPLAYS)
+
+    def release():
+        # Drop the config's buffers and graph pool before the next one allocates (the largest
+        # KV cache is 2.4 GB; several alive at once would crowd an 80 GB card for no reason).
+        gc.collect()
+        torch.cuda.empty_cache()
+
+    rows = run_plan(plan, run_one, roofline, log=log, healthy=bench.cuda_healthy, after_each=release,
+                    anchors=load_anchors(), device=props.name)
+    record = build_record(device=device, versions=versions, git=git, date=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                          quick=quick, replays=replays, roofline=roofline, rows=rows)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(dumps_record(record))
+    failed = sum(row["error"] is not None for row in rows)
+    log(f"wrote {path} ({len(rows)} rows, {failed} failed); next: python -m perf_table regenerate")
+    return 1 if failed else 0
