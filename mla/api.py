@@ -65,7 +65,6 @@ def _num_sms(device: torch.device, num_sms: int | None) -> int:
 @dataclass(frozen=True)
 class PlanInfo:
     """Host-side facts about a plan, kept so later calls can check against them without a sync."""
-    batch_size: int
     max_seqlen: int
     num_parts: int
 
@@ -74,7 +73,7 @@ def _plan(lengths: list[int], rows_per_kv: int, h_kv: int, num_sms: int,
           device: torch.device) -> tuple[torch.Tensor, torch.Tensor, PlanInfo]:
     parts = planner.num_sm_parts(num_sms, rows_per_kv, h_kv)
     metadata, num_splits = planner.plan(lengths, parts)
-    info = PlanInfo(len(lengths), max(lengths, default=0), parts)
+    info = PlanInfo(max(lengths, default=0), parts)
     return metadata.to(device), num_splits.to(device), info
 
 
@@ -154,15 +153,6 @@ def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_heads_per_he
     return metadata, num_splits
 
 
-def _check_plan_info(info: PlanInfo | None, shape: validate.DecodeShape) -> None:
-    if info is None:
-        return
-    if info.batch_size != shape.batch_size:
-        raise ValueError(f"tile_scheduler_metadata was planned for batch size {info.batch_size}, q has "
-                         f"{shape.batch_size}")
-    validate.check_block_table_width(shape.max_pages, shape.page_size, info.max_seqlen)
-
-
 def _check_kernel_shape(shape: validate.DecodeShape, variant: str) -> None:
     if shape.h_kv != 1:
         raise NotImplementedError(f"the GPU kernels handle h_kv == 1 only, got h_kv = {shape.h_kv} "
@@ -224,7 +214,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     else:
         info = getattr(tile_scheduler_metadata, "_mla_plan_info", None)
     validate.check_metadata(tile_scheduler_metadata, num_splits, shape.batch_size, shape.device)
-    _check_plan_info(info, shape)
+    if info is not None:  # absent when the caller copied the metadata (e.g. into a graph's static buffer)
+        validate.check_block_table_width(shape.max_pages, shape.page_size, info.max_seqlen)
 
     if out is None:
         out = torch.empty(shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V, dtype=q.dtype, device=q.device)

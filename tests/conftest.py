@@ -1,0 +1,66 @@
+"""Shared test setup.
+
+- ``@pytest.mark.gpu`` tests are skipped, with the reason, unless a Hopper (sm_90) GPU is usable.
+- ``fake_kernel``: makes the kernel path runnable on the CPU, for testing the API glue (validation
+  order, planning, allocation, what reaches ``pipelines.run_decode``) without a GPU. It marks the
+  pipelines as available with fixed page sizes, lets the kernel path accept CPU tensors, and replaces
+  ``pipelines.run_decode`` with the contract's executable model (``split_decode_reference``),
+  recording every call.
+"""
+from __future__ import annotations
+
+import pytest
+
+import pipelines
+from mla import validate
+from mla.reference import split_decode_reference
+from mla.testing import hopper_skip_reason
+
+FAKE_PAGE_SIZES = {"2wg": (64,), "3wg": (1, 16, 64)}
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = hopper_skip_reason()
+    if reason is None:
+        return
+    skip = pytest.mark.skip(reason=reason)
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+class FakeKernel:
+    """Stands in for ``pipelines.run_decode``: checks the buffers it is handed and fills out/lse by
+    executing the split plan with the reference."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    def __call__(self, variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
+                 out, lse, o_accum, lse_accum, softmax_scale, causal):
+        self.calls.append(dict(variant=variant, q=q, tile_scheduler_metadata=tile_scheduler_metadata,
+                               num_splits=num_splits, out=out, lse=lse, o_accum=o_accum, lse_accum=lse_accum,
+                               softmax_scale=softmax_scale, causal=causal))
+        ref_out, ref_lse, _, _ = split_decode_reference(q, k_cache, block_table, cache_seqlens,
+                                                        tile_scheduler_metadata, num_splits,
+                                                        softmax_scale=softmax_scale, causal=causal)
+        out.copy_(ref_out)
+        lse.copy_(ref_lse)
+
+
+@pytest.fixture
+def fake_kernel(monkeypatch):
+    kernel = FakeKernel()
+    monkeypatch.setattr(pipelines, "available_variants", lambda: list(FAKE_PAGE_SIZES))
+    monkeypatch.setattr(pipelines, "supported_page_sizes", lambda variant: FAKE_PAGE_SIZES[variant])
+    monkeypatch.setattr(pipelines, "run_decode", kernel)
+    monkeypatch.setattr(validate, "KERNEL_DEVICE_TYPE", "cpu")
+    monkeypatch.delenv("MLA_PIPELINE", raising=False)
+    return kernel
+
+
+@pytest.fixture
+def no_kernel(monkeypatch):
+    """No pipeline has a kernel (the state before the kernels land)."""
+    monkeypatch.setattr(pipelines, "available_variants", lambda: [])
+    monkeypatch.delenv("MLA_PIPELINE", raising=False)

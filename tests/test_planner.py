@@ -1,0 +1,179 @@
+"""split_k.planner: layout, coverage, balance (CPU only)."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from split_k import planner
+from split_k.planner import Chunk
+
+
+def _check_plan(lengths, num_parts, block_n=64, fixed_cost=5):
+    """Check every promise of the planner's docstring for one input; return the chunks."""
+    metadata, num_splits = planner.plan(lengths, num_parts, block_n=block_n, fixed_cost=fixed_cost)
+    b = len(lengths)
+    assert metadata.dtype == torch.int32 and tuple(metadata.shape) == (num_parts, 8)
+    assert num_splits.dtype == torch.int32 and tuple(num_splits.shape) == (b + 1,)
+    assert (metadata[:, 5:] == 0).all(), "reserved fields must be 0"
+    bounds = num_splits.tolist()
+    assert bounds[0] == 0
+    n_chunks = [bounds[r + 1] - bounds[r] for r in range(b)]
+    assert all(n >= 1 for n in n_chunks)
+    assert bounds[b] <= b + num_parts - 1 or b == 0, "workspace bound num_splits[b] <= b + num_parts - 1"
+
+    parts = planner.part_chunks(metadata, lengths, block_n)
+    blocks = [planner.n_blocks(n, block_n) for n in lengths]
+    covered = [[0] * n for n in blocks]
+    chunks_of = [[] for _ in range(b)]
+    for part in parts:
+        for c in part:
+            assert 0 <= c.begin_block <= c.end_block <= blocks[c.req]
+            for t in range(c.begin_block, c.end_block):
+                covered[c.req][t] += 1
+            chunks_of[c.req].append(c)
+    for r in range(b):
+        assert covered[r] == [1] * blocks[r], f"request {r}: every tile exactly once"
+        chunks = chunks_of[r]
+        assert len(chunks) == n_chunks[r], f"request {r}: num_splits says {n_chunks[r]} chunks"
+        # Chunks are numbered 0..n-1 in tile order, by increasing part, with no empty chunk unless
+        # the request itself is empty.
+        assert [c.split for c in chunks] == list(range(len(chunks)))
+        assert [c.part for c in chunks] == sorted(c.part for c in chunks)
+        if blocks[r] == 0:
+            assert chunks == [Chunk(chunks[0].part, r, 0, 0, 0)], "an empty request is one [0, 0) chunk"
+        else:
+            assert all(c.end_block > c.begin_block for c in chunks)
+
+    # Balance.
+    target, payload = planner.balance_budget(lengths, num_parts, block_n, fixed_cost)
+    costs = [sum(planner.chunk_cost(c, fixed_cost) for c in part) for part in parts]
+    assert max(costs) <= payload, f"a part costs {max(costs)} > ceil(total / parts) + fixed = {payload}"
+    nonempty = [p for p, part in enumerate(parts) if part]
+    if nonempty:
+        assert nonempty == list(range(len(nonempty))), "empty parts only at the tail"
+        for p in nonempty[:-1]:
+            assert costs[p] >= target, f"part {p} costs {costs[p]} < ceil(total / parts) = {target}"
+    for p in range(len(nonempty), num_parts):
+        assert metadata[p].tolist() == [0, 0, -1, 0, 0, 0, 0, 0]
+    # No split when it fits: a request is split only if its whole remaining cost did not fit in
+    # the budget left in the part where its first chunk lies.
+    for r in range(b):
+        if n_chunks[r] > 1:
+            first = chunks_of[r][0]
+            others = costs[first.part] - planner.chunk_cost(first, fixed_cost)
+            whole = blocks[r] - first.begin_block + fixed_cost
+            assert others + whole > payload, f"request {r} was split although it fitted"
+    return parts
+
+
+def test_num_sm_parts_follows_flashmla_rule():
+    assert planner.num_sm_parts(132, 16, 1) == 132          # one M tile per request
+    assert planner.num_sm_parts(132, 128, 1) == 66          # two M tiles
+    assert planner.num_sm_parts(132, 4 * 128, 1) == 16      # eight M tiles
+    assert planner.num_sm_parts(132, 64, 2) == 66           # kv heads share the SMs
+    assert planner.num_sm_parts(4, 512, 1) == 1             # never below one part
+    for bad in [(0, 16, 1), (132, 0, 1), (132, 16, 0), (132.0, 16, 1), (True, 16, 1)]:
+        with pytest.raises(ValueError):
+            planner.num_sm_parts(*bad)
+
+
+def test_plan_splits_a_request_that_does_not_fit():
+    # blocks [2, 5], total cost 2 + 5 + 2 * 5 = 17, payload ceil(17 / 2) + 5 = 14: part 0 takes
+    # request 0 (7) and 2 tiles of request 1 (2 + 5), part 1 the remaining 3 tiles (3 + 5).
+    metadata, num_splits = planner.plan([100, 300], 2)
+    assert metadata.tolist() == [[0, 0, 1, 2, 0, 0, 0, 0], [1, 2, 1, 5, 1, 0, 0, 0]]
+    assert num_splits.tolist() == [0, 1, 3]
+
+
+def test_plan_does_not_split_when_only_the_fixed_cost_would_fit():
+    # payload ceil(17 / 3) + 5 = 11: after request 0 (7) only 4 <= fixed cost is left, so part 0
+    # stops instead of taking an empty chunk; part 2 stays empty.
+    metadata, num_splits = planner.plan([100, 300], 3)
+    assert metadata.tolist() == [[0, 0, 0, 2, 0, 0, 0, 0], [1, 0, 1, 5, 0, 0, 0, 0], [0, 0, -1, 0, 0, 0, 0, 0]]
+    assert num_splits.tolist() == [0, 1, 2]
+
+
+def test_one_part_never_splits():
+    metadata, num_splits = planner.plan([5000, 0, 17], 1)
+    assert metadata.tolist() == [[0, 0, 2, 1, 0, 0, 0, 0]]
+    assert num_splits.tolist() == [0, 1, 2, 3]
+
+
+def test_empty_batch_gives_empty_parts():
+    metadata, num_splits = planner.plan([], 4)
+    assert metadata.tolist() == [[0, 0, -1, 0, 0, 0, 0, 0]] * 4
+    assert num_splits.tolist() == [0]
+
+
+def test_zero_length_requests_at_part_boundaries():
+    # Zero-length requests cost only the fixed overhead; they land whole in exactly one part.
+    _check_plan([0, 0, 0], 3)
+    _check_plan([64 * 10, 0, 64 * 10, 0], 4)
+    _check_plan([0] * 7, 2, fixed_cost=0)
+
+
+@pytest.mark.parametrize("seed", range(300))
+def test_random_lengths_cover_every_tile_once_within_balance(seed):
+    rng = random.Random(seed)
+    b = rng.choice([1, 2, 3, 7, 16, 64, 128])
+    zeros = rng.random() < 0.5
+    long_tail = rng.random() < 0.3
+    lengths = []
+    for _ in range(b):
+        if zeros and rng.random() < 0.25:
+            lengths.append(0)
+        elif long_tail and rng.random() < 0.1:
+            lengths.append(rng.randint(10_000, 70_000))
+        else:
+            lengths.append(rng.randint(1, 5000))
+    num_parts = rng.choice([1, 2, 5, 16, 33, 66, 132])
+    fixed_cost = rng.choice([0, 1, 5, 5, 5])
+    block_n = rng.choice([64, 64, 64, 16])
+    _check_plan(lengths, num_parts, block_n=block_n, fixed_cost=fixed_cost)
+
+
+def test_splitting_happens_for_small_batches():
+    # A single long request is spread over the parts: each takes payload - fixed = ceil(1005 / 132)
+    # = 8 tiles (every chunk pays the fixed cost), so 1000 tiles use ceil(1000 / 8) = 125 of 132.
+    parts = _check_plan([64 * 1000], 132)
+    assert sum(1 for p in parts if p) == 125
+    assert all(len(p) == 1 and p[0].end_block - p[0].begin_block == 8 for p in parts[:125])
+
+
+def test_plan_is_deterministic_and_accepts_tensors():
+    lengths = [3, 0, 999, 4096, 1]
+    a = planner.plan(lengths, 7)
+    b = planner.plan(torch.tensor(lengths, dtype=torch.int32), 7)
+    c = planner.plan(torch.tensor(lengths, dtype=torch.int64), 7)
+    for x in (b, c):
+        assert torch.equal(a[0], x[0]) and torch.equal(a[1], x[1])
+
+
+@pytest.mark.parametrize("args, match", [
+    (([5, -1], 4), r"seqlens\[1\] = -1 is negative"),
+    (([5, 2.0], 4), r"seqlens\[1\] must be an int"),
+    ((torch.tensor([5.0]), 4), "integer tensor"),
+    ((torch.tensor([[5]]), 4), "1-D"),
+    (([5], 0), "num_parts"),
+    (([5], 2.5), "num_parts"),
+])
+def test_plan_rejects_bad_input(args, match):
+    with pytest.raises(ValueError, match=match):
+        planner.plan(*args)
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(block_n=0), "block_n"), (dict(fixed_cost=-1), "fixed_cost")])
+def test_plan_rejects_bad_knobs(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        planner.plan([5], 2, **kwargs)
+
+
+def test_host_lengths_names_the_argument():
+    with pytest.raises(ValueError, match=r"cache_seqlens\[0\] = -2"):
+        planner.host_lengths([-2], "cache_seqlens")
+
+
+def test_workspace_shapes():
+    assert planner.workspace_shapes(3, 66, 128) == ((69, 128, 512), (69, 128))

@@ -1,0 +1,155 @@
+"""Merge math, and planner + per-chunk reference + merge == unsplit reference (CPU only).
+
+This proves the split plan and the merge math before any GPU: the kernels only have to compute
+each chunk and the merge as ``mla.reference.split_decode_reference`` does.
+"""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from mla.reference import mla_decode_reference, split_decode_reference
+from mla.testing import make_decode_problem
+from split_k import planner
+from split_k.merge_ref import merge_partials, merge_workspace
+
+
+def test_merge_equals_softmax_over_all_keys():
+    gen = torch.Generator().manual_seed(0)
+    scores = torch.randn(3, 100, generator=gen) * 4        # 3 rows, 100 keys
+    values = torch.randn(100, 8, generator=gen)
+    cuts = [0, 10, 11, 60, 100]
+    o_parts, lse_parts = [], []
+    for a, b in zip(cuts, cuts[1:]):
+        s = scores[:, a:b]
+        o_parts.append(torch.softmax(s, dim=-1) @ values[a:b])
+        lse_parts.append(torch.logsumexp(s, dim=-1))
+    o, lse = merge_partials(torch.stack(o_parts), torch.stack(lse_parts))
+    torch.testing.assert_close(o, torch.softmax(scores, dim=-1) @ values, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(lse, torch.logsumexp(scores, dim=-1), atol=1e-6, rtol=1e-6)
+
+
+def test_merge_ignores_partials_without_keys_even_if_they_hold_nan():
+    o_parts = torch.tensor([[[1.0, 2.0]], [[float("nan"), float("nan")]], [[3.0, 4.0]]])
+    lse_parts = torch.tensor([[0.0], [float("-inf")], [0.0]])
+    o, lse = merge_partials(o_parts, lse_parts)
+    torch.testing.assert_close(o, torch.tensor([[2.0, 3.0]]))
+    torch.testing.assert_close(lse, torch.log(torch.tensor([2.0])))
+
+
+def test_merge_of_only_empty_partials_is_zero_and_positive_infinity():
+    o, lse = merge_partials(torch.full((2, 3, 4), float("nan")), torch.full((2, 3), float("-inf")))
+    assert (o == 0).all() and torch.isposinf(lse).all()
+
+
+def test_merge_survives_large_lse():
+    # exp(1000) overflows fp32; the max shift must keep it finite.
+    o, lse = merge_partials(torch.ones(2, 1, 1), torch.tensor([[1000.0], [1000.0]]))
+    torch.testing.assert_close(lse, torch.tensor([1000.0 + torch.log(torch.tensor(2.0)).item()]))
+    torch.testing.assert_close(o, torch.ones(1, 1))
+
+
+@pytest.mark.parametrize("o_shape, lse_shape, lse_value, match", [
+    ((2, 3, 4), (2, 3), float("inf"), r"\+inf"),
+    ((2, 3, 4), (2, 3), float("nan"), "finite"),
+    ((2, 3, 4), (2, 4), 0.0, "shape|must be"),
+    ((0, 3, 4), (0, 3), 0.0, "at least one"),
+])
+def test_merge_rejects_bad_partials(o_shape, lse_shape, lse_value, match):
+    with pytest.raises(ValueError, match=match):
+        merge_partials(torch.zeros(o_shape), torch.full(lse_shape, lse_value))
+
+
+def test_merge_workspace_leaves_unsplit_requests_alone_and_maps_rows():
+    # Request 0: one chunk (untouched). Request 1: two chunks in workspace rows 1 and 2.
+    b, s_q, h_q, dv = 2, 2, 3, 4
+    o_accum = torch.randn(4, s_q * h_q, dv)
+    lse_accum = torch.randn(4, s_q * h_q)
+    out = torch.full((b, s_q, h_q, dv), 7.0)
+    lse = torch.full((b, h_q, s_q), 7.0)
+    merge_workspace(o_accum, lse_accum, torch.tensor([0, 1, 3], dtype=torch.int32), out, lse)
+    assert (out[0] == 7).all() and (lse[0] == 7).all()
+    o, row_lse = merge_partials(o_accum[1:3], lse_accum[1:3])
+    # Workspace row s_idx * h_q + head <-> out[r, s_idx, head] and lse[r, head, s_idx].
+    for s_idx in range(s_q):
+        for head in range(h_q):
+            row = s_idx * h_q + head
+            torch.testing.assert_close(out[1, s_idx, head], o[row])
+            torch.testing.assert_close(lse[1, head, s_idx], row_lse[row])
+
+
+def _split_vs_unsplit(seqlens, s_q, h_q, causal, num_sms, seed, dtype=torch.bfloat16):
+    prob = make_decode_problem(seqlens, s_q=s_q, h_q=h_q, dtype=dtype, seed=seed)
+    metadata, num_splits = planner.plan(seqlens, planner.num_sm_parts(num_sms, s_q * h_q, 1))
+    out, lse, o_accum, lse_accum = split_decode_reference(prob.q, prob.k_cache, prob.block_table,
+                                                          prob.cache_seqlens, metadata, num_splits, causal=causal)
+    ref_out, ref_lse = mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, causal=causal)
+    torch.testing.assert_close(out, ref_out, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=2e-6, rtol=1e-6)
+    return num_splits, lse_accum
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_planned_split_and_merge_equals_unsplit_reference(seed):
+    rng = random.Random(seed)
+    b = rng.choice([1, 2, 3, 6])
+    seqlens = [0 if rng.random() < 0.2 else rng.randint(1, 1500) for _ in range(b)]
+    s_q = rng.choice([1, 2, 4])
+    h_q = rng.choice([1, 3, 16, 63])
+    num_splits, _ = _split_vs_unsplit(seqlens, s_q, h_q, causal=rng.random() < 0.5,
+                                      num_sms=rng.choice([8, 33, 132]), seed=seed)
+    assert num_splits[-1].item() >= b
+
+
+def test_split_cases_really_split():
+    num_splits, _ = _split_vs_unsplit([1500, 0, 700], 1, 16, causal=False, num_sms=132, seed=20)
+    counts = (num_splits[1:] - num_splits[:-1]).tolist()
+    assert counts[0] > 1 and counts[1] == 1 and counts[2] > 1
+
+
+def test_chunk_whose_rows_see_no_key_merges_correctly():
+    # seqlen 257 = 4 full tiles + a tile holding only key 256. With s_q = 4 causal, query token i
+    # sees keys [0, 257 - (3 - i)), so tokens 0..2 see nothing in the last tile and its partial lse
+    # is -inf for their rows. 5 parts with no fixed cost give every tile its own chunk.
+    seqlens = [64 * 4 + 1]
+    prob = make_decode_problem(seqlens, s_q=4, h_q=2, seed=21)
+    metadata, num_splits = planner.plan(seqlens, 5, fixed_cost=0)
+    assert num_splits.tolist() == [0, 5]
+    out, lse, o_accum, lse_accum = split_decode_reference(prob.q, prob.k_cache, prob.block_table,
+                                                          prob.cache_seqlens, metadata, num_splits, causal=True)
+    last = lse_accum[4].view(4, 2)  # rows s_idx * h_q + head
+    assert torch.isneginf(last[:3]).all() and torch.isfinite(last[3]).all()
+    assert (o_accum[4].view(4, 2, 512)[:3] == 0).all()
+    ref_out, ref_lse = mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, causal=True)
+    torch.testing.assert_close(out, ref_out, atol=2e-6, rtol=1e-5)
+    torch.testing.assert_close(lse, ref_lse, atol=2e-6, rtol=1e-6)
+
+
+def test_split_reference_rejects_plans_that_break_the_contract():
+    seqlens = [640, 640]
+    prob = make_decode_problem(seqlens, h_q=2, seed=22)
+    metadata, num_splits = planner.plan(seqlens, 4)
+    args = (prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens)
+    twice = metadata.clone()
+    twice[1] = twice[0]  # part 1 repeats part 0's work
+    with pytest.raises(ValueError, match="written twice"):
+        split_decode_reference(*args, twice, num_splits)
+    fewer = num_splits.clone()
+    fewer[1:] -= 1  # request 0 claims one chunk fewer than the plan walks
+    with pytest.raises(ValueError, match="chunk"):
+        split_decode_reference(*args, metadata, fewer)
+    more = num_splits.clone()
+    more[1:] += 1  # request 0 claims one chunk more
+    with pytest.raises(ValueError, match="chunks in num_splits"):
+        split_decode_reference(*args, metadata, more)
+    with pytest.raises(ValueError, match="prefix sum"):
+        split_decode_reference(*args, metadata, num_splits[:-1])
+
+
+def test_split_reference_requires_one_kv_head():
+    prob = make_decode_problem([10], h_q=2, h_kv=2)
+    metadata, num_splits = planner.plan([10], 1)
+    with pytest.raises(ValueError, match="h_kv == 1"):
+        split_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, metadata, num_splits)
