@@ -1,0 +1,319 @@
+"""CPU tests of perf_table: formulas, grid, the runner's bookkeeping, regeneration, the CLI."""
+from __future__ import annotations
+
+import csv
+import io
+import json
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from perf_table import anchors as anchors_mod
+from perf_table import bench, formulas, grid, regenerate, runner
+from perf_table.grid import Config
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+FIXTURES = pathlib.Path(__file__).resolve().parent / "fixtures"
+FIXTURE_RUNS = sorted(FIXTURES.glob("perf_*.json"))
+ROOFLINE = {"copy_gbps": 4000.0, "gemm_tflops": 700.0}
+
+
+# ------------------------------------------------------------------------------------- formulas
+
+def test_bytes_and_flops_of_a_known_config():
+    # b128 s_q1 h_q16 seqlen 4096: q 128*16*576*2 + KV 128*4096*576*2 + out 128*16*512*2.
+    assert formulas.decode_bytes(128, 1, 16, 128 * 4096) == 2_359_296 + 603_979_776 + 2_097_152
+    assert formulas.decode_flops(1, 16, 128 * 4096) == 2 * 16 * 524_288 * 1088
+    # FlashMLA's anchor for it: 145.6 us -> 4180 GB/s, 125 TFLOP/s (us rounded to 0.1 in the CSV).
+    assert formulas.gbps(608_436_224, 145.6) == pytest.approx(4178.8, abs=0.05)
+    assert formulas.tflops(18_253_611_008, 145.6) == pytest.approx(125.37, abs=0.005)
+
+
+def test_formulas_reproduce_every_anchor_row():
+    """Our counts give the anchors' GB/s and TFLOP/s from their times: the columns compare."""
+    checked = 0
+    for path in sorted(anchors_mod.ANCHORS_DIR.glob("*.csv")):
+        for row in csv.DictReader(open(path)):
+            if row["varlen"] == "1":  # their lengths are not in the CSV
+                continue
+            b, s_q, h_q, seqlen = (int(row[k]) for k in ("b", "s_q", "h_q", "seqlen"))
+            nbytes = formulas.decode_bytes(b, s_q, h_q, b * seqlen, row["dtype"])
+            flops = formulas.decode_flops(s_q, h_q, b * seqlen)
+            us = float(row["us"])
+            # The CSV's us is rounded to 0.1: the true time lies within +-0.05 us of it.
+            lo, hi = us - 0.05, us + 0.05
+            assert nbytes / hi / 1e3 - 0.5 <= int(row["gbps"]) <= nbytes / lo / 1e3 + 0.5, row
+            assert flops / hi / 1e6 - 0.5 <= int(row["tflops"]) <= flops / lo / 1e6 + 0.5, row
+            checked += 1
+    assert checked == 120 + 120 + 128
+
+
+def test_roofline_picks_the_larger_term_and_the_fraction():
+    # 4 GB at 4000 GB/s = 1000 us; 1.4e12 FLOPs at 700 TFLOP/s = 2000 us -> compute bound.
+    assert formulas.roofline_us(4e9, 1.4e12, 4000.0, 700.0) == pytest.approx((2000.0, "compute"))
+    assert formulas.roofline_us(4e9, 0.7e12, 4000.0, 700.0) == pytest.approx((1000.0, "memory"))
+    assert formulas.roofline_fraction(2500.0, 4e9, 1.4e12, 4000.0, 700.0) == pytest.approx(0.8)
+    assert formulas.roofline_fraction(1000.0, 4e9, 0.7e12, 4000.0, 700.0) == pytest.approx(1.0)
+
+
+# ----------------------------------------------------------------------------------------- grid
+
+def test_full_grid_is_issue_4s_grid():
+    configs = grid.full_grid((64,))
+    assert len(configs) == 5 * 2 * 4 * 3 + 4 == len(set(configs))
+    uniform = {(c.b, c.s_q, c.h_q, c.seqlen) for c in configs if not c.varlen}
+    assert uniform == {(b, s, h, n) for b in (1, 8, 32, 64, 128) for s in (1, 2) for h in (16, 32, 64, 128)
+                       for n in (1024, 4096, 16384)}
+    assert {(c.b, c.s_q, c.h_q, c.seqlen) for c in configs if c.varlen} == {
+        (128, s, 128, n) for s in (1, 2) for n in (4096, 16384)}
+    assert [c.page_size for c in grid.full_grid((64, 1))].count(1) == 124
+
+
+def test_quick_grid_is_the_anchor_configs():
+    quick = grid.quick_grid((64, 16, 1))
+    assert [c.page_size for c in quick].count(64) == 10
+    assert [c.page_size for c in quick].count(16) == [c.page_size for c in quick].count(1) == 4
+    fm = anchors_mod.load_anchors()["FlashMLA"]
+    fi = anchors_mod.load_anchors()["FlashInfer"]
+    for c in quick:  # every quick config has an anchor at its own page size
+        key = anchors_mod.anchor_key("NVIDIA H200", c.dtype, c.page_size, c.b, c.s_q, c.h_q, c.seqlen, c.varlen)
+        assert key in (fm if c.page_size == 64 else fi), c
+
+
+def test_varlen_lengths_are_seeded_with_zeros():
+    lengths = grid.varlen_lengths(128, 4096)
+    assert lengths == grid.varlen_lengths(128, 4096)
+    assert lengths != grid.varlen_lengths(128, 16384)
+    assert len(lengths) == 128 and min(lengths) == 0 and lengths.count(0) >= 4
+    assert 0.8 * 4096 < sum(lengths) / 128 < 1.2 * 4096
+    assert Config(64, 128, 1, 128, 4096, varlen=True).seqlens() == lengths
+    assert Config(64, 2, 2, 16, 100).seqlens() == [100, 100]
+
+
+def test_config_label_and_causal():
+    assert Config(64, 128, 1, 128, 4096).label() == "p64 b128 s1 h128 L4096"
+    assert Config(1, 128, 2, 128, 8192, varlen=True).label() == "p1 b128 s2 h128 L~8192 varlen"
+    assert not Config(64, 1, 1, 16, 1024).causal and Config(64, 1, 2, 16, 1024).causal
+
+
+# --------------------------------------------------------------------------------------- runner
+
+def test_preflight_messages():
+    with pytest.raises(runner.PreflightError, match=r"needs a CUDA GPU.*torch 2\.x\+cpu"):
+        runner.require_gpu(False, "2.x+cpu")
+    runner.require_gpu(True, "2.x")
+    with pytest.raises(runner.PreflightError, match=r"no pipeline variant has a kernel yet.*'2wg', '3wg'"):
+        runner.select_variants([], ("2wg", "3wg"), None)
+    with pytest.raises(runner.PreflightError, match=r"'3wg' is not available; available: \['2wg'\]"):
+        runner.select_variants(["2wg"], ("2wg", "3wg"), "3wg")
+    assert runner.select_variants(["2wg", "3wg"], ("2wg", "3wg"), None) == ["2wg", "3wg"]
+    assert runner.select_variants(["2wg", "3wg"], ("2wg", "3wg"), "3wg") == ["3wg"]
+
+
+def test_plan_follows_each_variants_page_sizes():
+    pages = {"2wg": (64,), "3wg": (1, 16, 32, 64)}
+    plan = runner.build_plan(["2wg", "3wg"], pages.__getitem__, quick=False)
+    assert len(plan) == 124 + 3 * 124
+    assert {c.page_size for v, c in plan if v == "2wg"} == {64}
+    assert [c.page_size for v, c in plan if v == "3wg"][::124] == [64, 16, 1]  # grid order, 32 not in grid
+    quick = runner.build_plan(["2wg", "3wg"], pages.__getitem__, quick=True, page_sizes=[16])
+    assert [(v, c.page_size) for v, c in quick] == [("3wg", 16)] * 4
+
+
+def _fake_bench(variant, cfg):
+    if cfg.h_q == 32:
+        raise RuntimeError("kernel exploded\nsecond line")
+    return sum(cfg.seqlens()), [100.0, 90.0, 110.0, 95.0, 105.0]
+
+
+def test_run_plan_records_rows_and_failures():
+    plan = [("2wg", Config(64, 128, 1, 128, 4096)), ("2wg", Config(64, 1, 1, 32, 1024)),
+            ("2wg", Config(64, 128, 1, 128, 4096, varlen=True))]
+    lines = []
+    rows = runner.run_plan(plan, _fake_bench, ROOFLINE, log=lines.append, anchors=anchors_mod.load_anchors(),
+                           device="NVIDIA H200")
+    ok, failed, varlen = rows
+    assert ok["us"] == 100.0 and ok["us_min"] == 90.0 and ok["us_p90"] == 110.0 and ok["replays"] == 5
+    assert ok["bytes"] == 639_631_360 and ok["flops"] == 146_028_888_064
+    assert ok["gbps"] == pytest.approx(6396.3136) and ok["tflops"] == pytest.approx(1460.28888064)
+    assert ok["bound"] == "compute" and ok["roofline_us"] == pytest.approx(208.61269723)
+    assert ok["roofline_frac"] == pytest.approx(2.0861269723)
+    assert ok["error"] is None and ok["causal"] is False and ok["pipeline"] == "2wg"
+    assert failed["us"] is None and failed["error"] == "RuntimeError: kernel exploded\nsecond line"
+    assert varlen["total_kv_tokens"] == sum(grid.varlen_lengths(128, 4096)) and varlen["varlen"] is True
+    assert "FlashMLA 224.1 us x2.24 | FlashInfer 273.7 us x2.74" in lines[0]
+    assert "FAILED RuntimeError: kernel exploded" in lines[1] and "second line" not in lines[1]
+
+
+def test_run_plan_stops_timing_once_the_context_is_lost():
+    plan = [("2wg", Config(64, 1, 1, h, 1024)) for h in (16, 32, 64, 128)]
+    calls = []
+
+    def bench_fn(variant, cfg):
+        calls.append(cfg.h_q)
+        return _fake_bench(variant, cfg)
+
+    rows = runner.run_plan(plan, bench_fn, ROOFLINE, log=lambda _: None, healthy=lambda: False)
+    assert calls == [16, 32]
+    assert [r["error"] is None for r in rows] == [True, False, False, False]
+    assert rows[2]["error"] == "not run: CUDA context lost at 2wg p64 b1 s1 h32 L1024"
+
+
+def test_record_round_trips_and_is_named_by_device_date_commit(tmp_path):
+    rows = runner.run_plan([("2wg", Config(64, 8, 1, 64, 4096))], _fake_bench, ROOFLINE, log=lambda _: None)
+    record = runner.build_record(device={"name": "NVIDIA H200", "sm_count": 132}, versions={"torch": "x"},
+                                 git={"commit": "abc", "short": "abc", "dirty": True}, date="2026-01-02T03:04:05Z",
+                                 quick=True, replays=100, roofline=ROOFLINE, rows=rows)
+    text = runner.dumps_record(record)
+    assert json.loads(text) == record
+    assert text.count("\n") < 60  # rows one per line
+    assert record["mode"] == "quick" and record["timing"]["replays"] == 100 and record["schema"] == 1
+    path = runner.result_path(tmp_path, "NVIDIA H100 80GB HBM3", "2026-01-02", "abc1234", quick=True)
+    assert path.name == "nvidia-h100-80gb-hbm3_2026-01-02_abc1234_quick.json"
+    assert runner.result_path(tmp_path, "NVIDIA H200", "2026-01-02", "abc1234", False).name == \
+        "nvidia-h200_2026-01-02_abc1234.json"
+
+
+def test_git_info(tmp_path):
+    info = runner.git_info(ROOT)
+    assert len(info["commit"]) == 40 and info["short"] == info["commit"][:7] and info["dirty"] in (True, False)
+    assert runner.git_info(ROOT, override=info["short"]) == info  # the override names HEAD: keep git's facts
+    # A copy without .git (the GPU machine's): the override is all there is.
+    assert runner.git_info(tmp_path, override="0123456789abcdef") == {
+        "commit": "0123456789abcdef", "short": "0123456", "dirty": None}
+    assert runner.git_info(tmp_path) == {"commit": "unknown", "short": "nogit", "dirty": None}
+
+
+def test_make_inputs_on_cpu():
+    cfg = Config(16, 3, 2, 4, 40)
+    inp = bench.make_inputs(cfg, device="cpu", seed=1)
+    assert inp.q.shape == (3, 2, 4, 576) and inp.q.dtype == torch.bfloat16
+    assert inp.k_cache.shape == (9, 16, 1, 576)
+    assert inp.block_table.dtype == torch.int32 and inp.block_table.shape == (3, 3)
+    assert sorted(inp.block_table.flatten().tolist()) == list(range(9))  # a permutation of the pool
+    assert inp.cache_seqlens.tolist() == [40, 40, 40] and inp.total_kv_tokens == 120
+    for t in (inp.q, inp.k_cache):
+        assert t.abs().max() <= 1 and (t != 0).float().mean() > 0.99
+    assert torch.equal(bench.make_inputs(cfg, device="cpu", seed=1).k_cache, inp.k_cache)
+    var = bench.make_inputs(Config(64, 64, 1, 16, 100, varlen=True), device="cpu")
+    lengths = grid.varlen_lengths(64, 100)
+    assert var.cache_seqlens.tolist() == lengths and var.total_kv_tokens == sum(lengths)
+    pages = [-(-n // 64) for n in lengths]
+    used = var.block_table[torch.arange(var.block_table.shape[1])[None, :] < torch.tensor(pages)[:, None]]
+    assert sorted(used.tolist()) == list(range(sum(pages)))
+
+
+def test_decode_fn_drives_the_public_api(fake_kernel):
+    """The runner's call goes through mla.MLADecoder: planned once, then run into its own ``out``."""
+    import mla
+    from mla.reference import mla_decode_reference
+
+    cfg = Config(64, 2, 2, 16, 100)
+    inp = bench.make_inputs(cfg, device="cpu")
+    call = bench.make_decode_fn(mla, "2wg", cfg, inp, num_sms=8)
+    call()
+    call()
+    assert len(fake_kernel.calls) == 2 and fake_kernel.calls[0]["causal"] is True
+    out = fake_kernel.calls[0]["out"]
+    assert out.data_ptr() == fake_kernel.calls[1]["out"].data_ptr()
+    ref_out, _ = mla_decode_reference(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, 512, causal=True)
+    torch.testing.assert_close(out.float(), ref_out.float(), atol=1e-2, rtol=1e-2)
+
+
+def test_cli_refuses_without_a_gpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    proc = subprocess.run([sys.executable, "-m", "perf_table", "run", "--quick"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "needs a CUDA GPU" in proc.stderr and "regenerate" in proc.stderr
+
+
+# ----------------------------------------------------------------------------------- regenerate
+
+@pytest.fixture
+def fixture_results(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    for path in FIXTURE_RUNS:
+        shutil.copy(path, results)
+    return results
+
+
+def test_regenerate_from_fixture(fixture_results, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    written = regenerate.regenerate(fixture_results, out_dir=out, log=lambda _: None)
+    assert {p.relative_to(out).as_posix() for p in written} >= {"README.md", "table.csv"}
+    readme = (out / "README.md").read_text()
+
+    # One section per device; the H200 table holds the newest row per config (the quick run's 220 us
+    # replaces the full run's 250 us), anchors side by side, the failure visible.
+    assert readme.index("## NVIDIA H100 80GB HBM3") < readme.index("## NVIDIA H200")
+    for line in [
+        "| 128 | 1 | 128 | 4096 | 2wg | 220.0 | 2907 | 663.8 | 94.8 | compute | 224.1 | 1.02 | 273.7 | 1.24 | 2222222 |",
+        "| 1 | 1 | 16 | 1024 | 2wg | 15.0 | 81 | 2.4 | 2.0 | memory | 14.1 | 0.94 | 17.1 | 1.14 | 1111111 |",
+        "| 128 | 2 | 128 | 4096 | 2wg | FAILED | - | - | - | - | 435.4 | - | 541.2 | - | 1111111 |",
+        "| 128 | 1 | 128 | 16384 varlen | 2wg | 1000.0 | 2438 | 580.7 | 83.0 | compute | 1007.0 | 1.01 | - | - | 1111111 |",
+        # page 1: FlashInfer's page-1 anchor only (FlashMLA has none at that page size)
+        "| b | s_q | h_q | seqlen | pipeline | us | GB/s | TFLOP/s | % roofline | bound | FlashInfer us | xFlashInfer | run |",
+        "| 1 | 1 | 128 | 16384 | 2wg | 40.0 | 479 | 114.1 | 16.3 | compute | 37.6 | 0.94 | 1111111 |",
+        "| 8 | 1 | 64 | 4096 | 2wg | 30.0 | 1295 | 152.1 | 43.2 | memory | 32.1 | 1.07 | 3333333 |",
+        "| 2wg | 64 | 6 | 1 | 83.0 | 1.00 | 3 of 5 | 1.21 | 4 of 4 |",
+        "- 2wg page 64 b128 s_q2 h_q128 4096 (perf_h200_full.json): `RuntimeError: kernel exploded`",
+        "| perf_h200_quick.json | 2026-11-24T09:00:00Z | 2222222 | quick | 1 | 0 | 4000 | 700 | 132 | 2.9.0+cu130 | 13.0 | 4.8.1 |",
+    ]:
+        assert line + "\n" in readme, line
+    assert "250.0" not in readme.split("## NVIDIA H200")[1].split("Failed configs")[1]
+
+    # The CSV holds every row of every run (the superseded 250 us one too), failures included.
+    rows = list(csv.DictReader(io.StringIO((out / "table.csv").read_text())))
+    assert len(rows) == sum(len(json.loads(p.read_text())["rows"]) for p in FIXTURE_RUNS) == 9
+    by_us = {(r["run"], r["us"]): r for r in rows}
+    superseded = by_us[("perf_h200_full.json", "250.00")]
+    assert superseded["FlashMLA_us"] == "224.1" and superseded["xFlashMLA"] == "0.896"
+    assert superseded["roofline_pct"] == "83.45" and superseded["bound"] == "compute"
+    failed = [r for r in rows if r["error"]]
+    assert len(failed) == 1 and failed[0]["us"] == "" and failed[0]["xFlashMLA"] == ""
+    assert failed[0]["error"].startswith("RuntimeError: kernel exploded\n")
+
+
+def test_regenerate_is_deterministic(fixture_results, tmp_path):
+    outputs = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        out.mkdir()
+        regenerate.regenerate(fixture_results, out_dir=out, log=lambda _: None)
+        outputs.append({p.relative_to(out).as_posix(): p.read_bytes() for p in sorted(out.rglob("*")) if p.is_file()})
+    assert outputs[0] == outputs[1]
+    pytest.importorskip("matplotlib")
+    assert {"plots/nvidia-h200.png", "plots/nvidia-h100-80gb-hbm3.png"} <= set(outputs[0])
+
+
+def test_check_detects_a_stale_table(fixture_results, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    regenerate.regenerate(fixture_results, out_dir=out, log=lambda _: None)
+    assert regenerate.check(fixture_results, committed_dir=out, log=lambda _: None) == 0
+    (out / "README.md").write_text((out / "README.md").read_text().replace("220.0", "219.9"))
+    log = []
+    assert regenerate.check(fixture_results, committed_dir=out, log=log.append) == 1
+    assert "out of date" in log[0] and "+| 128 | 1 | 128 | 4096 | 2wg | 220.0" in log[1]
+
+
+def test_committed_table_is_current():
+    """perf_table/README.md and table.csv are exactly what regenerate makes of perf_table/results/."""
+    log = []
+    assert regenerate.check(log=log.append) == 0, "\n".join(log)
+
+
+def test_duplicate_anchor_is_an_error(tmp_path):
+    text = (anchors_mod.ANCHORS_DIR / "flashmla_h200_2026-11-21.csv").read_text()
+    (tmp_path / "a.csv").write_text(text)
+    (tmp_path / "b.csv").write_text(text.splitlines()[0] + "\n" + text.splitlines()[1] + "\n")
+    with pytest.raises(ValueError, match="duplicate FlashMLA anchor"):
+        anchors_mod.load_anchors(tmp_path)
