@@ -45,6 +45,11 @@ class Run:
         return self.data["device"]["name"]
 
     @property
+    def mode(self) -> str:
+        """'full' or 'quick', marked partial when the run ended before its last config."""
+        return self.data["mode"] + ("" if self.data["complete"] else " (partial)")
+
+    @property
     def commit(self) -> str:
         git = self.data["git"]
         return git["short"] + ("+dirty" if git.get("dirty") else "")
@@ -141,7 +146,7 @@ def _runs_table(runs: list[Run]) -> list[str]:
         d = run.data
         failed = sum(row["error"] is not None for row in d["rows"])
         lines.append(
-            f"| {run.file} | {d['date']} | {run.commit} | {d['mode']} | {len(d['rows'])} | {failed} | "
+            f"| {run.file} | {d['date']} | {run.commit} | {run.mode} | {len(d['rows'])} | {failed} | "
             f"{d['roofline']['copy_gbps']:.0f} | {d['roofline']['gemm_tflops']:.0f} | {d['device']['sm_count']} | "
             f"{d['versions']['torch']} | {d['versions']['cuda']} | {d['versions']['cutlass_dsl']} |")
     return lines
@@ -250,7 +255,7 @@ def render_csv(runs: list[Run], anchors: dict) -> str:
         for row in d["rows"]:
             ok = row["error"] is None
             values = {"device": run.device, "run": run.file, "date": d["date"], "commit": run.commit,
-                      "mode": d["mode"], "copy_gbps": f"{d['roofline']['copy_gbps']:.1f}",
+                      "mode": run.mode, "copy_gbps": f"{d['roofline']['copy_gbps']:.1f}",
                       "gemm_tflops": f"{d['roofline']['gemm_tflops']:.1f}",
                       "roofline_pct": f"{100 * row['roofline_frac']:.2f}" if ok else ""}
             for column in _CSV_COLUMNS:

@@ -7,14 +7,16 @@ one; ``main`` wires it to the GPU measurements of ``bench``.
 from __future__ import annotations
 
 import datetime
-import gc
+import importlib.metadata
 import json
+import os
 import pathlib
 import platform
 import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from typing import Callable, Iterable
@@ -27,6 +29,9 @@ PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 REPO_ROOT = PACKAGE_DIR.parent
 RESULTS_DIR = PACKAGE_DIR / "results"
 MIN_REPLAYS = 100
+# A config that takes longer than this (compile included; the slowest should take a few seconds) is
+# taken for a hung kernel: the run writes what it has and exits rather than wait for an outer kill.
+CONFIG_TIMEOUT_S = 120
 WARMUP_REPLAYS = 3
 SEED = 0
 
@@ -142,13 +147,14 @@ def anchor_note(anchors: dict, device: str, cfg: grid.Config, us: float) -> str:
 
 def run_plan(plan: list[tuple[str, grid.Config]], bench: Callable[[str, grid.Config], tuple[int, list[float]]],
              roofline: dict, *, log: Callable[[str], None] = print, healthy: Callable[[], bool] = lambda: True,
-             after_each: Callable[[], None] = lambda: None, anchors: dict | None = None,
+             after_each: Callable[[list[dict]], None] = lambda rows: None, anchors: dict | None = None,
              device: str = "") -> list[dict]:
     """Time every (variant, config) of ``plan`` with ``bench``; one row each, failures included.
 
     ``bench(variant, cfg)`` returns (total KV tokens, per-replay microseconds). An exception in one
     config is recorded as that row's error and the run goes on; once ``healthy()`` says the CUDA
     context is gone, the remaining configs are recorded as not run rather than as fake failures.
+    ``after_each(rows)`` runs after every config with the rows so far.
     """
     rows = []
     start = time.monotonic()
@@ -157,23 +163,23 @@ def run_plan(plan: list[tuple[str, grid.Config]], bench: Callable[[str, grid.Con
         head = f"[{i:>3}/{len(plan)}] {variant:>4} {cfg.label():<28}"
         if lost is not None:
             rows.append(error_row(variant, cfg, f"not run: CUDA context lost at {lost}"))
-            continue
-        try:
-            total, samples = bench(variant, cfg)
-            row = measure_row(variant, cfg, total, samples, roofline)
-            rows.append(row)
-            log(f"{head} {row['us']:9.1f} us {row['gbps']:6.0f} GB/s {row['tflops']:6.1f} TFLOP/s "
-                f"{100 * row['roofline_frac']:5.1f}% of roofline ({row['bound']})"
-                f"{anchor_note(anchors or {}, device, cfg, row['us'])}  [{time.monotonic() - start:.0f} s]")
-        except Exception as exc:  # noqa: BLE001 - every failure becomes a visible failed row
-            error = f"{type(exc).__name__}: {exc}"[:1000]
-            rows.append(error_row(variant, cfg, error))
-            log(f"{head} FAILED {error.splitlines()[0] if error else ''}")
-            traceback.print_exc(file=sys.stderr)
-            if not healthy():
-                lost = f"{variant} {cfg.label()}"
-                log(f"CUDA context lost after {lost}: the remaining configs are recorded as not run")
-        after_each()
+        else:
+            try:
+                total, samples = bench(variant, cfg)
+                row = measure_row(variant, cfg, total, samples, roofline)
+                rows.append(row)
+                log(f"{head} {row['us']:9.1f} us {row['gbps']:6.0f} GB/s {row['tflops']:6.1f} TFLOP/s "
+                    f"{100 * row['roofline_frac']:5.1f}% of roofline ({row['bound']})"
+                    f"{anchor_note(anchors or {}, device, cfg, row['us'])}  [{time.monotonic() - start:.0f} s]")
+            except Exception as exc:  # noqa: BLE001 - every failure becomes a visible failed row
+                error = f"{type(exc).__name__}: {exc}"[:1000]
+                rows.append(error_row(variant, cfg, error))
+                log(f"{head} FAILED {error.splitlines()[0] if error else ''}")
+                traceback.print_exc(file=sys.stderr)
+                if not healthy():
+                    lost = f"{variant} {cfg.label()}"
+                    log(f"CUDA context lost after {lost}: the remaining configs are recorded as not run")
+        after_each(rows)
     return rows
 
 
@@ -209,10 +215,15 @@ def result_path(results_dir: pathlib.Path, device_name: str, date: str, short_co
 
 
 def build_record(*, device: dict, versions: dict, git: dict, date: str, quick: bool, replays: int,
-                 roofline: dict, rows: list[dict]) -> dict:
-    """The raw JSON of one run: where, when, with what, the roofline, and every row."""
+                 roofline: dict, rows: list[dict], complete: bool = True) -> dict:
+    """The raw JSON of one run: where, when, with what, the roofline, and every row.
+
+    ``complete`` is False in the copies written while the run goes on (and in the last one, if the
+    run ended early), so a partial file is never mistaken for a whole grid.
+    """
     return {
         "schema": SCHEMA_VERSION,
+        "complete": complete,
         "device": device,
         "date": date,
         "git": git,
@@ -233,11 +244,12 @@ def dumps_record(record: dict) -> str:
 
 
 def _versions(torch) -> dict:
+    # The DSL's version from its distribution metadata: importing cutlass here, before the kernel
+    # path sets CUTE_DSL_ARCH, could change how it later compiles.
     try:
-        import cutlass
-        dsl = getattr(cutlass, "__version__", "unknown")
-    except Exception as exc:  # noqa: BLE001 - a run without the DSL still records why
-        dsl = f"not importable ({type(exc).__name__})"
+        dsl = importlib.metadata.version("nvidia-cutlass-dsl")
+    except importlib.metadata.PackageNotFoundError:
+        dsl = "not installed"
     return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "cutlass_dsl": dsl}
 
@@ -282,23 +294,45 @@ def main(quick: bool = False, pipeline: str | None = None, out: str | None = Non
     log(f"roofline: copy {roofline['copy_gbps']:.0f} GB/s (read+write), "
         f"bf16 GEMM {roofline['gemm_n']}^3 {roofline['gemm_tflops']:.0f} TFLOP/s")
 
+    def save(rows, complete):
+        record = build_record(device=device, versions=versions, git=git, date=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                              quick=quick, replays=replays, roofline=roofline, rows=rows, complete=complete)
+        path.write_text(dumps_record(record))
+
+    rows_so_far: list[dict] = []
+
+    def hung(variant, cfg):
+        # Runs on a timer thread while the main thread is stuck in the GPU call.
+        log(f"{variant} {cfg.label()} still running after {CONFIG_TIMEOUT_S} s: taken for a hang; "
+            f"writing the {len(rows_so_far)} rows measured so far to {path} and exiting")
+        save(rows_so_far + [error_row(variant, cfg, f"timed out after {CONFIG_TIMEOUT_S} s (hung?)")], False)
+        os._exit(3)
+
     def run_one(variant, cfg):
-        inp = bench.make_inputs(cfg, seed=SEED)
-        fn = bench.make_decode_fn(mla, variant, cfg, inp)
-        return inp.total_kv_tokens, bench.time_graph(fn, replays, WARMUP_REPLAYS)
+        timer = threading.Timer(CONFIG_TIMEOUT_S, hung, (variant, cfg))
+        timer.daemon = True
+        timer.start()
+        try:
+            inp = bench.make_inputs(cfg, seed=SEED)
+            fn = bench.make_decode_fn(mla, variant, cfg, inp)
+            return inp.total_kv_tokens, bench.time_graph(fn, replays, WARMUP_REPLAYS)
+        finally:
+            timer.cancel()
 
-    def release():
-        # Drop the config's buffers and graph pool before the next one allocates (the largest
-        # KV cache is 2.4 GB; several alive at once would crowd an 80 GB card for no reason).
-        gc.collect()
-        torch.cuda.empty_cache()
+    def after_each(rows):
+        # Keep the file current (a run cut short still leaves its rows), and hand the config's
+        # buffers back before the next one allocates (the largest KV cache is 2.4 GB).
+        rows_so_far[:] = rows
+        save(rows, complete=False)
+        try:
+            torch.cuda.empty_cache()
+        except RuntimeError:
+            pass  # the context is broken; run_plan records the remaining configs as not run
 
-    rows = run_plan(plan, run_one, roofline, log=log, healthy=bench.cuda_healthy, after_each=release,
-                    anchors=load_anchors(), device=props.name)
-    record = build_record(device=device, versions=versions, git=git, date=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                          quick=quick, replays=replays, roofline=roofline, rows=rows)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(dumps_record(record))
+    rows = run_plan(plan, run_one, roofline, log=log, healthy=bench.cuda_healthy, after_each=after_each,
+                    anchors=load_anchors(), device=props.name)
+    save(rows, complete=True)
     failed = sum(row["error"] is not None for row in rows)
     log(f"wrote {path} ({len(rows)} rows, {failed} failed); next: python -m perf_table regenerate")
     return 1 if failed else 0

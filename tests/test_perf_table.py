@@ -157,8 +157,10 @@ def test_run_plan_stops_timing_once_the_context_is_lost():
         calls.append(cfg.h_q)
         return _fake_bench(variant, cfg)
 
-    rows = runner.run_plan(plan, bench_fn, ROOFLINE, log=lambda _: None, healthy=lambda: False)
-    assert calls == [16, 32]
+    seen = []
+    rows = runner.run_plan(plan, bench_fn, ROOFLINE, log=lambda _: None, healthy=lambda: False,
+                           after_each=lambda so_far: seen.append(len(so_far)))
+    assert calls == [16, 32] and seen == [1, 2, 3, 4]
     assert [r["error"] is None for r in rows] == [True, False, False, False]
     assert rows[2]["error"] == "not run: CUDA context lost at 2wg p64 b1 s1 h32 L1024"
 
@@ -172,6 +174,7 @@ def test_record_round_trips_and_is_named_by_device_date_commit(tmp_path):
     assert json.loads(text) == record
     assert text.count("\n") < 60  # rows one per line
     assert record["mode"] == "quick" and record["timing"]["replays"] == 100 and record["schema"] == 1
+    assert record["complete"] is True
     path = runner.result_path(tmp_path, "NVIDIA H100 80GB HBM3", "2026-01-02", "abc1234", quick=True)
     assert path.name == "nvidia-h100-80gb-hbm3_2026-01-02_abc1234_quick.json"
     assert runner.result_path(tmp_path, "NVIDIA H200", "2026-01-02", "abc1234", False).name == \
@@ -266,6 +269,8 @@ def test_regenerate_from_fixture(fixture_results, tmp_path):
         "| 2wg | 64 | 6 | 1 | 83.0 | 1.00 | 3 of 5 | 1.21 | 4 of 4 |",
         "- 2wg page 64 b128 s_q2 h_q128 4096 (perf_h200_full.json): `RuntimeError: kernel exploded`",
         "| perf_h200_quick.json | 2026-11-24T09:00:00Z | 2222222 | quick | 1 | 0 | 4000 | 700 | 132 | 2.9.0+cu130 | 13.0 | 4.8.1 |",
+        # a run that ended early says so
+        "| perf_h100_full.json | 2026-11-23T12:00:00Z | 3333333 | full (partial) | 1 | 0 | 3000 | 667 | 132 | 2.9.0+cu130 | 13.0 | 4.8.1 |",
     ]:
         assert line + "\n" in readme, line
     assert "250.0" not in readme.split("## NVIDIA H200")[1].split("Failed configs")[1]
