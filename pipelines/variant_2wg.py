@@ -55,7 +55,6 @@ class MLADecode2WG(MLADecodeBase):
     def warpgroup_roles(self, tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
                         tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
                         mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
-        mma_qk, mma_pv_rs, mma_pv_ss = self._mmas()
         wg = tidx // 128
         wg_tidx = tidx % 128
         # V^T halves viewed in place from the K stages (MN-major B operand, no copy).
@@ -65,25 +64,25 @@ class MLADecode2WG(MLADecodeBase):
         s_row_scale = storage.row_scale.get_tensor(cute.make_layout(BLOCK_M))
         s_row_inv = storage.row_inv.get_tensor(cute.make_layout(BLOCK_M))
 
-        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-
+        # Pipeline states and MMA objects are created inside each role: they are mutated while
+        # tracing, and the two roles are two branches of one dynamic if.
         if wg == 0:
             self.wg0_qk_softmax_pv(wg_tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
                                    mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0,
-                                   s_row_scale, s_row_inv, pipe_q, pipe_k, q_state, k_state, mma_qk,
-                                   mma_pv_rs, scale_log2)
+                                   s_row_scale, s_row_inv, pipe_q, pipe_k, scale_log2)
         else:
             self.wg1_load_pv(wg_tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
                              tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
-                             mLSEaccum, sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k, q_state,
-                             k_state, mma_pv_ss)
+                             mLSEaccum, sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k)
 
     # ------------------------------------------------------------------ WG0
     @cute.jit
     def wg0_qk_softmax_pv(self, wg_tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
                           mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0, s_row_scale,
-                          s_row_inv, pipe_q, pipe_k, q_state, k_state, mma_qk, mma_pv_rs, scale_log2):
+                          s_row_inv, pipe_q, pipe_k, scale_log2):
+        mma_qk, mma_pv_rs, _ = self._mmas()
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         thr_qk = mma_qk.get_slice(wg_tidx)
         thr_pv = mma_pv_rs.get_slice(wg_tidx)
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
@@ -180,7 +179,9 @@ class MLADecode2WG(MLADecodeBase):
     @cute.jit
     def wg1_load_pv(self, wg_tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
                     tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                    sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k, q_state, k_state, mma_pv_ss):
+                    sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k):
+        _, _, mma_pv_ss = self._mmas()
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         thr_pv = mma_pv_ss.get_slice(wg_tidx)
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))
         tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV1))
