@@ -160,7 +160,7 @@ def run_plan(plan: list[tuple[str, grid.Config]], bench: Callable[[str, grid.Con
     start = time.monotonic()
     lost = None
     for i, (variant, cfg) in enumerate(plan, start=1):
-        head = f"[{i:>3}/{len(plan)}] {variant:>4} {cfg.label():<28}"
+        head = f"[{i:>3}/{len(plan)}] {variant:>4} {cfg.label():<31}"
         if lost is not None:
             rows.append(error_row(variant, cfg, f"not run: CUDA context lost at {lost}"))
         else:
@@ -314,7 +314,7 @@ def main(quick: bool = False, pipeline: str | None = None, out: str | None = Non
         timer.start()
         try:
             inp = bench.make_inputs(cfg, seed=SEED)
-            fn = bench.make_decode_fn(mla, variant, cfg, inp)
+            fn = bench.make_decode_fn(mla, variant, cfg, inp, num_sms=props.multi_processor_count)
             return inp.total_kv_tokens, bench.time_graph(fn, replays, WARMUP_REPLAYS)
         finally:
             timer.cancel()

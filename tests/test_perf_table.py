@@ -227,6 +227,48 @@ def test_decode_fn_drives_the_public_api(fake_kernel):
     torch.testing.assert_close(out.float(), ref_out.float(), atol=1e-2, rtol=1e-2)
 
 
+def test_main_end_to_end_on_a_fake_gpu(fake_kernel, monkeypatch, tmp_path, capsys):
+    """runner.main's wiring (preflight, plan, API calls, JSON), with the GPU parts replaced."""
+    import types
+
+    import pipelines
+
+    launched = []
+
+    def run_decode(variant, q, *args):
+        if q.shape[2] == 32:
+            raise RuntimeError("no kernel for h_q 32")
+        launched.append((variant, tuple(q.shape)))
+
+    monkeypatch.setattr(pipelines, "run_decode", run_decode)
+    monkeypatch.setattr(grid, "_QUICK_SMALL_PAGES", ((2, 1, 16, 100, False), (3, 2, 32, 70, False)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(
+        name="NVIDIA H200", multi_processor_count=132, major=9, minor=0, total_memory=141 * 2**30))
+    monkeypatch.setattr(bench, "measure_roofline", lambda: dict(ROOFLINE, gemm_n=8192))
+    make_inputs = bench.make_inputs
+    monkeypatch.setattr(bench, "make_inputs", lambda cfg, seed: make_inputs(cfg, device="cpu", seed=seed))
+    monkeypatch.setattr(bench, "time_graph", lambda fn, replays, warmup: (fn(), [10.0] * replays)[1])
+    monkeypatch.setattr(bench, "cuda_healthy", lambda: True)
+
+    out = tmp_path / "run.json"
+    rc = runner.main(quick=True, pipeline="3wg", page_sizes=[16], out=str(out), replays=100, commit="abc1234")
+    assert rc == 1  # one config failed
+    assert launched == [("3wg", (2, 1, 16, 576))]
+    record = json.loads(out.read_text())
+    assert record["complete"] is True and record["mode"] == "quick"
+    assert record["git"] == {"commit": "abc1234", "short": "abc1234", "dirty": None}
+    assert record["device"] == {"name": "NVIDIA H200", "sm_count": 132, "compute_capability": "9.0",
+                                "memory_gib": 141.0}
+    assert record["versions"]["cutlass_dsl"] and record["versions"]["torch"] == torch.__version__
+    ok, failed = record["rows"]
+    assert (ok["pipeline"], ok["page_size"], ok["b"], ok["us"], ok["replays"]) == ("3wg", 16, 2, 10.0, 100)
+    assert failed["error"] == "RuntimeError: no kernel for h_q 32" and failed["causal"] is True
+    printed = capsys.readouterr().out
+    assert "2 configs (quick)" in printed and "FAILED RuntimeError: no kernel for h_q 32" in printed
+
+
 def test_cli_refuses_without_a_gpu():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
