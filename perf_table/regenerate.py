@@ -76,12 +76,34 @@ def _sort_key(row: dict) -> tuple:
 
 
 def latest_rows(runs: list[Run]) -> list[tuple[dict, Run]]:
-    """The newest row of each (pipeline, config): runs in (date, file) order, later ones win."""
+    """The newest row of each (pipeline, config) of ``runs`` (oldest run first: later ones win)."""
     newest: dict[tuple, tuple[dict, Run]] = {}
-    for run in sorted(runs, key=lambda r: (r.data["date"], r.file)):
+    for run in runs:
         for row in run.data["rows"]:
             newest[_key(row)] = (row, run)
     return [newest[k] for k in sorted(newest, key=lambda k: _sort_key(newest[k][0]))]
+
+
+@dataclasses.dataclass
+class DeviceView:
+    """What the README and the plot show of one device."""
+
+    runs: list[Run]  # oldest first: (date, file) order
+    latest: list[tuple[dict, Run]]  # newest row per (pipeline, config), in table order
+
+
+def device_views(runs: list[Run]) -> dict[str, DeviceView]:
+    """{device name: its view}, devices sorted by name."""
+    views = {}
+    for device in sorted({run.device for run in runs}):
+        ordered = sorted((r for r in runs if r.device == device), key=lambda r: (r.data["date"], r.file))
+        views[device] = DeviceView(ordered, latest_rows(ordered))
+    return views
+
+
+def plottable(latest: list[tuple[dict, Run]]) -> list[dict]:
+    """Rows that go into a device's plot: page 64, uniform lengths, measured."""
+    return [row for row, _ in latest if row["page_size"] == 64 and not row["varlen"] and row["error"] is None]
 
 
 def anchors_for(anchors: dict, device: str, row: dict) -> dict[str, float]:
@@ -212,19 +234,18 @@ def _failures(latest: list[tuple[dict, Run]]) -> list[str]:
     return lines
 
 
-def render_readme(runs: list[Run], anchors: dict, plotted: set[str]) -> str:
-    """README.md text. ``plotted`` holds the devices that have a plot (data decides, not matplotlib)."""
-    replays = sorted({run.data["timing"]["replays"] for run in runs})
+def render_readme(views: dict[str, DeviceView], anchors: dict) -> str:
+    """README.md text. A device's plot is linked when it has rows to plot (the data decides, not
+    whether matplotlib is installed, so the text is the same everywhere)."""
+    replays = sorted({run.data["timing"]["replays"] for view in views.values() for run in view.runs})
     out = [_INTRO.format(replays=" / ".join(map(str, replays)) if replays else "100")]
-    devices = sorted({run.device for run in runs})
-    if not devices:
+    if not views:
         out.append("No runs yet: `results/` holds no raw JSON.\n")
-    for device in devices:
-        dev_runs = sorted((r for r in runs if r.device == device), key=lambda r: (r.data["date"], r.file))
-        latest = latest_rows(dev_runs)
-        out += [f"## {device}", "", "Runs:", "", *_runs_table(dev_runs), "", "Summary (newest row per config):", "",
+    for device, view in views.items():
+        latest = view.latest
+        out += [f"## {device}", "", "Runs:", "", *_runs_table(view.runs), "", "Summary (newest row per config):", "",
                 *_summary_table(latest, anchors, device), ""]
-        if device in plotted:
+        if plottable(latest):
             out += [f"![{device}]({PLOTS_DIR}/{device_slug(device)}.png)", ""]
         failures = _failures(latest)
         if failures:
@@ -281,40 +302,33 @@ def render_csv(runs: list[Run], anchors: dict) -> str:
 # ---------------------------------------------------------------------------------------------
 # Driver
 
-def plottable(latest: list[tuple[dict, Run]]) -> list[dict]:
-    """Rows that go into a device's plot: page 64, uniform lengths, measured."""
-    return [row for row, _ in latest if row["page_size"] == 64 and not row["varlen"] and row["error"] is None]
-
-
 def regenerate(results_dir: pathlib.Path = RESULTS_DIR, anchors_dir: pathlib.Path = ANCHORS_DIR,
-               out_dir: pathlib.Path = PACKAGE_DIR, log=print) -> list[pathlib.Path]:
-    """Write README.md, table.csv and plots/ into ``out_dir``; returns the paths written."""
+               out_dir: pathlib.Path = PACKAGE_DIR, log=print, plots: bool = True) -> list[pathlib.Path]:
+    """Write README.md, table.csv and (with ``plots``) plots/ into ``out_dir``; returns the paths written."""
     runs = load_runs(results_dir)
     anchors = load_anchors(anchors_dir)
+    views = device_views(runs)
     out_dir = pathlib.Path(out_dir)
-    per_device = {}
-    for device in sorted({run.device for run in runs}):
-        rows = plottable(latest_rows([r for r in runs if r.device == device]))
-        if rows:
-            per_device[device] = rows
     written = []
-    for name, text in ((README, render_readme(runs, anchors, set(per_device))), (CSV_NAME, render_csv(runs, anchors))):
+    for name, text in ((README, render_readme(views, anchors)), (CSV_NAME, render_csv(runs, anchors))):
         path = out_dir / name
         path.write_text(text)
         written.append(path)
+    if not plots:
+        return written
     try:
-        from . import plots
+        from . import plots as plotting
     except ImportError as exc:
         log(f"plots skipped ({exc}); README.md and {CSV_NAME} are complete without them. "
             "pip install matplotlib to draw them.")
         return written
     plot_dir = out_dir / PLOTS_DIR
     plot_dir.mkdir(exist_ok=True)
-    wanted = {plot_dir / f"{device_slug(device)}.png": device for device in per_device}
+    wanted = {plot_dir / f"{device_slug(device)}.png": device for device, view in views.items() if plottable(view.latest)}
     for stale in sorted(set(plot_dir.glob("*.png")) - set(wanted)):
         stale.unlink()
     for path, device in sorted(wanted.items()):
-        plots.plot_device(path, device, per_device[device], anchors)
+        plotting.plot_device(path, device, plottable(views[device].latest), anchors)
         written.append(path)
     return written
 
@@ -324,7 +338,7 @@ def check(results_dir: pathlib.Path = RESULTS_DIR, anchors_dir: pathlib.Path = A
     """0 if the committed README.md and table.csv are what regenerate writes now, else 1 (with a diff)."""
     status = 0
     with tempfile.TemporaryDirectory() as tmp:
-        regenerate(results_dir, anchors_dir, pathlib.Path(tmp), log=lambda _: None)
+        regenerate(results_dir, anchors_dir, pathlib.Path(tmp), plots=False)
         for name in CHECKED:
             fresh = (pathlib.Path(tmp) / name).read_text()
             path = pathlib.Path(committed_dir) / name
