@@ -25,7 +25,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--page-size", type=int, action="append", dest="page_sizes", metavar="N",
                      help="only this page size (repeatable; default: 64, 16 and 1 where supported)")
     run.add_argument("--replays", type=_replays, default=runner.MIN_REPLAYS, help="timed graph replays per config")
-    run.add_argument("--out", help="JSON path (default: perf_table/results/<device>_<date>_<commit>[_quick].json)")
+    run.add_argument("--out", help="JSON path, or an existing directory to write <device>_<date>_<commit>[_quick].json "
+                                   "into (default: perf_table/results/)")
     run.add_argument("--commit", help="commit to record where the checkout has no .git (the GPU machine's copy)")
 
     regen = sub.add_parser("regenerate", help="rebuild README.md, table.csv and plots/ from results/ (CPU)")

@@ -283,7 +283,12 @@ def main(quick: bool = False, pipeline: str | None = None, out: str | None = Non
     now = datetime.datetime.now(datetime.timezone.utc)
     git = git_info(override=commit)
     versions = _versions(torch)
-    path = pathlib.Path(out) if out else result_path(RESULTS_DIR, props.name, now.strftime("%Y-%m-%d"), git["short"], quick)
+    # --out: a file, or a directory to write the usual name into (the GPU machine returns only $OUT).
+    if out and not pathlib.Path(out).is_dir():
+        path = pathlib.Path(out)
+    else:
+        path = result_path(pathlib.Path(out) if out else RESULTS_DIR, props.name, now.strftime("%Y-%m-%d"),
+                           git["short"], quick)
     log = lambda line: print(line, flush=True)  # noqa: E731
     log(f"perf_table: {props.name} ({props.multi_processor_count} SMs), commit {git['short']}"
         f"{' (dirty)' if git['dirty'] else ''}, torch {versions['torch']} CUDA {versions['cuda']}, "

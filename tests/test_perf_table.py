@@ -252,9 +252,9 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, monkeypatch, tmp_path, capsy
     monkeypatch.setattr(bench, "time_graph", lambda fn, replays, warmup: (fn(), [10.0] * replays)[1])
     monkeypatch.setattr(bench, "cuda_healthy", lambda: True)
 
-    out = tmp_path / "run.json"
-    rc = runner.main(quick=True, pipeline="3wg", page_sizes=[16], out=str(out), replays=100, commit="abc1234")
+    rc = runner.main(quick=True, pipeline="3wg", page_sizes=[16], out=str(tmp_path), replays=100, commit="abc1234")
     assert rc == 1  # one config failed
+    (out,) = tmp_path.glob("nvidia-h200_20*-*-*_abc1234_quick.json")  # --out DIR: the usual name inside
     assert launched == [("3wg", (2, 1, 16, 576))]
     record = json.loads(out.read_text())
     assert record["complete"] is True and record["mode"] == "quick"
