@@ -103,12 +103,21 @@ def test_default_softmax_scale_is_one_over_sqrt_576():
     (lambda p: p.__setattr__("cache_seqlens", torch.tensor([-1, 5], dtype=torch.int32)), "is negative"),
     (lambda p: p.__setattr__("q", p.q[..., :100]), "head dims differ"),
     (lambda p: p.__setattr__("cache_seqlens", p.cache_seqlens[:1]), "cache_seqlens"),
+    (lambda p: p.__setattr__("q", p.q[:, 0]), r"q must be \[b, s_q, h_q, d\]"),
+    (lambda p: p.__setattr__("k_cache", p.k_cache.repeat(1, 1, 3, 1)), r"h_q \(2\) must be a multiple of h_kv \(3\)"),
 ])
 def test_reference_rejects_inconsistent_inputs(mutate, match):
     prob = make_decode_problem([100, 5], h_q=2, page_size=64, dtype=torch.float32)
     mutate(prob)
     with pytest.raises(ValueError, match=match):
         mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens)
+
+
+@pytest.mark.parametrize("head_dim_v", [0, 577])
+def test_reference_rejects_head_dim_v_outside_the_key(head_dim_v):
+    prob = make_decode_problem([10], h_q=2, dtype=torch.float32)
+    with pytest.raises(ValueError, match="head_dim_v must be in 1..576"):
+        mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, head_dim_v=head_dim_v)
 
 
 class TestCompareToReference:

@@ -62,6 +62,12 @@ def test_merge_rejects_bad_partials(o_shape, lse_shape, lse_value, match):
         merge_partials(torch.zeros(o_shape), torch.full(lse_shape, lse_value))
 
 
+def test_merge_workspace_checks_num_splits_length():
+    with pytest.raises(ValueError, match="num_splits must have b \\+ 1 = 3 entries, got 2"):
+        merge_workspace(torch.zeros(3, 2, 4), torch.zeros(3, 2), torch.tensor([0, 1], dtype=torch.int32),
+                        torch.zeros(2, 1, 2, 4), torch.zeros(2, 2, 1))
+
+
 def test_merge_workspace_leaves_unsplit_requests_alone_and_maps_rows():
     # Request 0: one chunk (untouched). Request 1: two chunks in workspace rows 1 and 2.
     b, s_q, h_q, dv = 2, 2, 3, 4
@@ -138,7 +144,7 @@ def test_split_reference_rejects_plans_that_break_the_contract():
         split_decode_reference(*args, twice, num_splits)
     fewer = num_splits.clone()
     fewer[1:] -= 1  # request 0 claims one chunk fewer than the plan walks
-    with pytest.raises(ValueError, match="chunk"):
+    with pytest.raises(ValueError, match=r"chunk \d+ of request 0, which has \d+ chunks"):
         split_decode_reference(*args, metadata, fewer)
     more = num_splits.clone()
     more[1:] += 1  # request 0 claims one chunk more
