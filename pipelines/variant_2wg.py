@@ -4,7 +4,7 @@ Roles per 64-token KV tile:
 - WG0 (warps 0-3): S = Q.K^T over 576 dims (SS wgmma, 64x64), mask, online softmax; hands P (bf16)
   and the row rescale factors to WG1 through smem; then O[:, 0:256] += P.V[:, 0:256] with P straight
   from registers (RS wgmma).
-- WG1 (warps 4-7): issues the TMA loads (Q per request, K tiles two ahead), then
+- WG1 (warps 4-7): its first warp issues the TMA loads (Q per request, K tiles two ahead), then
   O[:, 256:512] += P.V[:, 256:512] with P from smem (SS wgmma).
 Why not FA3 ping-pong: two 64x512 fp32 O tiles do not fit the register file; splitting O by columns
 across the two warpgroups keeps 128 accumulator registers per thread.
@@ -188,7 +188,9 @@ class MLADecode2WG(MLADecodeBase):
         cO = cute.make_identity_tensor((BLOCK_M, HALF))
         tOcO = layouts.acc_mn_view(thr_pv.partition_C(cO))
         n_rows_thr = cute.size(tOcO, mode=[0])
-        is_producer = wg_tidx == 0
+        # The whole first warp of WG1 runs the producer code: the DSL's TMA issue and expect-tx
+        # arrive elect one lane with a full-warp elect.sync, which deadlocks under a one-lane branch.
+        is_producer = cute.arch.make_warp_uniform(wg_tidx // 32) == 0
         q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         k_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
 
