@@ -35,12 +35,13 @@ def _kernel_class(variant: str):
     raise NotImplementedError(f"pipeline {variant!r} has no kernel yet")
 
 
-def _fake(dtype, rank: int, static_shape: dict | None = None):
-    """Fake tensor of ``rank`` dims: unit stride last, every other extent and stride symbolic
-    (mixed static/symbolic strides do not always legalise). ``static_shape`` pins extents."""
-    static_shape = static_shape or {}
-    shape = tuple(static_shape.get(i, cute.sym_int32()) for i in range(rank))
-    stride = tuple(cute.sym_int64(divisibility=8) for _ in range(rank - 1)) + (1,)
+def _fake(dtype, rank: int, stride_div: int = 1):
+    """Fake tensor matching what ``_view`` passes at run time: every extent and every stride but the
+    unit one symbolic. The compiled function reads its tensor arguments as descriptors of exactly
+    this dynamic/static pattern, so a static extent here would misread the runtime descriptor.
+    ``stride_div`` (elements) is the alignment promised for the non-unit strides (16 B for TMA)."""
+    shape = tuple(cute.sym_int32() for _ in range(rank))
+    stride = tuple(cute.sym_int64(divisibility=stride_div) for _ in range(rank - 1)) + (1,)
     return make_fake_tensor(dtype, shape, stride, assumed_align=16)
 
 
@@ -56,16 +57,16 @@ def compile_decode(variant: str, dtype: str, num_heads: int, seqlen_q: int, page
         kernel = _kernel_class(variant)(cdt, num_heads, seqlen_q, page_size, causal)
         i32, f32 = cutlass.Int32, cutlass.Float32
         args = (
-            _fake(cdt, 3, {2: 576}),  # q [b, rows, 576]
-            _fake(cdt, 3, {1: page_size, 2: 576}),  # k [pages, page_size, 576]
-            _fake(i32, 2),  # block_table
-            _fake(i32, 1),  # seqlens
-            _fake(i32, 2, {1: 8}),  # metadata
-            _fake(i32, 1),  # num_splits
-            _fake(cdt, 3, {2: 512}),  # out [b, rows, 512]
+            _fake(cdt, 3, 8),  # q [b, rows, 576]
+            _fake(cdt, 3, 8),  # k [pages, page_size, 576]
+            _fake(i32, 2),  # block_table [b, max_pages]
+            _fake(i32, 1),  # seqlens [b]
+            _fake(i32, 2),  # metadata [parts, 8]
+            _fake(i32, 1),  # num_splits [b + 1]
+            _fake(cdt, 3, 8),  # out [b, rows, 512]
             _fake(f32, 3),  # lse [b, h_q, s_q]
-            _fake(f32, 3, {2: 512}),  # o_accum
-            _fake(f32, 2),  # lse_accum
+            _fake(f32, 3, 8),  # o_accum [splits, rows, 512]
+            _fake(f32, 2),  # lse_accum [splits, rows]
             f32(1.0),
             cute.runtime.make_fake_stream(),
         )
@@ -87,8 +88,8 @@ def compile_merge(dtype: str, num_heads: int, seqlen_q: int, options: str | None
         from split_k.merge_kernel import SplitMerge
         cdt = _cute_dtype(dtype)
         f32 = cutlass.Float32
-        args = (_fake(f32, 3, {2: 512}), _fake(f32, 2), _fake(cutlass.Int32, 1), _fake(cdt, 3, {2: 512}),
-                _fake(f32, 3), cute.runtime.make_fake_stream())
+        args = (_fake(f32, 3, 8), _fake(f32, 2), _fake(cutlass.Int32, 1), _fake(cdt, 3, 8), _fake(f32, 3),
+                cute.runtime.make_fake_stream())
         merge = SplitMerge(cdt, num_heads, seqlen_q)
         fn = cute.compile(merge, *args) if options is None else cute.compile(merge, *args, options=options)
         _CACHE[key] = fn
