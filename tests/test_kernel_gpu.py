@@ -22,8 +22,12 @@ def varlen(b: int, mean: int, seed: int, zeros: int = 1):
 
 
 def make_paged_case(seqlens, s_q, h_q, *, dtype=torch.bfloat16, seed=0):
+    """A poisoned paged problem with the anchors' value distribution: randn / 10 clamped to [-1, 1]
+    (FlashMLA's tests draw the same; the NaN poison survives the clamp)."""
     p = make_decode_problem(seqlens, s_q=s_q, h_q=h_q, dtype=dtype, device="cuda", seed=seed)
-    return p.q, p.k_cache, p.block_table, p.cache_seqlens
+    q = (p.q.float() / 10).clamp(-1, 1).to(dtype)
+    k_cache = (p.k_cache.float() / 10).clamp(-1, 1).to(dtype)
+    return q, k_cache, p.block_table, p.cache_seqlens
 
 pytestmark = pytest.mark.gpu
 
@@ -87,6 +91,7 @@ def test_decoder_graph_replay(variant):
 
     seqlens = varlen(8, 2000, seed=5, zeros=1)
     q, k_cache, block_table, cache_seqlens = make_paged_case(seqlens, 1, 128, seed=11)
+    assert torch.isnan(k_cache).any()  # the poison is there
     dec = mla.MLADecoder(pipeline=variant)
     dec.plan(cache_seqlens, num_heads_q=128, seq_len_q=1, num_heads_k=1, page_size=64, dtype=q.dtype)
     out = torch.empty(len(seqlens), 1, 128, 512, dtype=q.dtype, device="cuda")

@@ -1,0 +1,157 @@
+"""Compile every kernel variant for sm_90a without a GPU and check its SASS for what it promises.
+
+    python -m mla.compile_check [--variant NAME ...] [--keep DIR]
+
+For each variant (and the split-kv merge kernel) this compiles a few static configurations with the
+CuTe DSL (``CUTE_DSL_ARCH=sm_90a``, fake tensors), disassembles the cubin with ``nvdisasm`` and
+counts the instructions that show the variant is on the intended path: ``HGMMA`` (wgmma),
+``UTMALDG`` (TMA loads), ``UTMALDG...MULTICAST``, ``USETMAXREG`` (register reallocation), ``LDGSTS``
+(cp.async) and ``LDL``/``STL`` (local memory: register spills). It exits 1 if a variant lacks an
+instruction it promises or has one it must not have, 2 if the tools are missing.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from dataclasses import dataclass
+
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+COUNTED = ("HGMMA", "UTMALDG", "UTMALDG_MULTICAST", "USETMAXREG", "LDGSTS", "LDL", "STL")
+_PATTERNS = {
+    "HGMMA": re.compile(r"\bHGMMA\b"),
+    "UTMALDG": re.compile(r"\bUTMALDG\b"),
+    "UTMALDG_MULTICAST": re.compile(r"\bUTMALDG\S*MULTICAST"),
+    "USETMAXREG": re.compile(r"\bUSETMAXREG\b"),
+    "LDGSTS": re.compile(r"\bLDGSTS\b"),
+    "LDL": re.compile(r"\bLDL\b"),
+    "STL": re.compile(r"\bSTL\b"),
+}
+
+
+@dataclass(frozen=True)
+class Target:
+    """One kernel to compile: a name, how to compile it, and its promises.
+
+    ``need``: instructions that must appear (count > 0); ``forbid``: ones that must not.
+    """
+    name: str
+    kind: str  # "decode" or "merge"
+    variant: str | None
+    dtype: str
+    h_q: int
+    s_q: int
+    causal: bool
+    need: tuple[str, ...]
+    forbid: tuple[str, ...] = ("LDL", "STL")
+
+
+# What each pipeline variant promises in its SASS. 2wg: wgmma for QK and PV, TMA page loads, no
+# spills; it has no producer warpgroup, so no setmaxnreg, and no cp.async path.
+PROMISES = {
+    "2wg": dict(need=("HGMMA", "UTMALDG"), forbid=("LDL", "STL", "LDGSTS", "USETMAXREG")),
+}
+
+
+def targets(variants: list[str]) -> list[Target]:
+    out = []
+    for v in variants:
+        p = PROMISES[v]
+        out.append(Target(f"{v} bf16 h128 s_q1", "decode", v, "bfloat16", 128, 1, False, **p))
+        out.append(Target(f"{v} fp16 h16 s_q2 causal", "decode", v, "float16", 16, 2, True, **p))
+    out.append(Target("merge bf16 h128 s_q1", "merge", None, "bfloat16", 128, 1, False, need=()))
+    return out
+
+
+def find_nvdisasm() -> str | None:
+    """nvdisasm from PATH, else from the nvidia-cuda-nvdisasm wheel (site-packages/nvidia/*/bin)."""
+    found = shutil.which("nvdisasm")
+    if found:
+        return found
+    for base in {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}:
+        for path in sorted(glob.glob(os.path.join(base, "nvidia", "*", "bin", "nvdisasm"))):
+            if os.access(path, os.X_OK):
+                return path
+    return None
+
+
+def count_sass(sass: str) -> dict[str, int]:
+    return {k: len(_PATTERNS[k].findall(sass)) for k in COUNTED}
+
+
+def check_promises(counts: dict[str, int], need, forbid) -> list[str]:
+    """Return the broken promises (empty if all hold)."""
+    problems = [f"no {k}" for k in need if counts.get(k, 0) == 0]
+    problems += [f"{counts[k]} {k}" for k in forbid if counts.get(k, 0) > 0]
+    return problems
+
+
+def compile_target(t: Target, dump_dir: str):
+    from pipelines import launch
+
+    options = f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump_dir}"
+    if t.kind == "decode":
+        fn = launch.compile_decode(t.variant, t.dtype, t.h_q, t.s_q, 64, t.causal, options=options)
+    else:
+        fn = launch.compile_merge(t.dtype, t.h_q, t.s_q, options=options)
+    return fn.artifacts.CUBIN
+
+
+def disassemble(nvdisasm: str, cubin: bytes, workdir: str) -> str:
+    path = os.path.join(workdir, "kernel.cubin")
+    with open(path, "wb") as f:
+        f.write(cubin)
+    res = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True)
+    return res.stdout
+
+
+def main(argv: list[str] | None = None) -> int:
+    import pipelines
+
+    parser = argparse.ArgumentParser(prog="python -m mla.compile_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variant", action="append", choices=sorted(PROMISES),
+                        help="variant to check (default: every available one)")
+    parser.add_argument("--keep", help="directory to keep the cubins and SASS in")
+    args = parser.parse_args(argv)
+    variants = args.variant or [v for v in pipelines.available_variants() if v in PROMISES]
+    missing = [v for v in pipelines.available_variants() if v not in PROMISES]
+    if missing:
+        print(f"compile_check: no promises recorded for variants {missing}", file=sys.stderr)
+        return 1
+    nvdisasm = find_nvdisasm()
+    if nvdisasm is None:
+        print("compile_check: nvdisasm not found (pip install nvidia-cuda-nvdisasm)", file=sys.stderr)
+        return 2
+    failed = False
+    print(f"{'kernel':<28} {'compile s':>9} " + " ".join(f"{k:>17}" for k in COUNTED) + "  verdict")
+    for t in targets(variants):
+        with tempfile.TemporaryDirectory() as tmp:
+            work = args.keep or tmp
+            dump = os.path.join(work, re.sub(r"\W+", "_", t.name))
+            os.makedirs(dump, exist_ok=True)
+            start = time.time()
+            cubin = compile_target(t, dump)
+            secs = time.time() - start
+            sass = disassemble(nvdisasm, cubin, dump)
+            if args.keep:
+                with open(os.path.join(dump, "kernel.sass"), "w") as f:
+                    f.write(sass)
+        counts = count_sass(sass)
+        problems = check_promises(counts, t.need, t.forbid)
+        failed |= bool(problems)
+        verdict = "ok" if not problems else "FAIL: " + ", ".join(problems)
+        print(f"{t.name:<28} {secs:>9.1f} " + " ".join(f"{counts[k]:>17}" for k in COUNTED) + f"  {verdict}",
+              flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
