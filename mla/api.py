@@ -151,6 +151,11 @@ def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_heads_per_he
     return metadata, num_splits
 
 
+def _check_kernel_alignment(q, k_cache, out, lse) -> None:
+    for name, t, mult in (("q", q, 8), ("k_cache", k_cache, 8), ("out", out, 8), ("lse", lse, 1)):
+        validate.check_kernel_alignment(name, t, mult)
+
+
 def _check_kernel_shape(shape: validate.DecodeShape, variant: str) -> None:
     if shape.h_kv != 1:
         raise NotImplementedError(f"the GPU kernels handle h_kv == 1 only, got h_kv = {shape.h_kv} "
@@ -202,6 +207,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     shape = validate.check_decode_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale,
                                          causal, out=out, device_type=validate.KERNEL_DEVICE_TYPE)
     _check_kernel_shape(shape, variant)
+    _check_kernel_alignment(q, k_cache, out, None)
     if isinstance(tile_scheduler_metadata, MLASchedMeta):
         if num_splits is not None:
             raise ValueError("num_splits must be None when tile_scheduler_metadata is an MLASchedMeta")
@@ -337,6 +343,7 @@ class MLADecoder:
         shape = validate.check_decode_inputs(q, k_cache, block_table, cache_seqlens, HEAD_DIM_V,
                                              planned.softmax_scale, planned.causal, out=out, lse=lse,
                                              device_type=validate.KERNEL_DEVICE_TYPE)
+        _check_kernel_alignment(q, k_cache, out, lse)
         for name, want, got in (("batch size", planned.batch_size, shape.batch_size), ("s_q", planned.s_q, shape.s_q),
                                 ("h_q", planned.h_q, shape.h_q), ("h_kv", planned.h_kv, shape.h_kv),
                                 ("page_size", planned.page_size, shape.page_size),

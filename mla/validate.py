@@ -69,6 +69,21 @@ def _last_dim_contiguous(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} must be contiguous in its last dim (stride 1), got strides {t.stride()}")
 
 
+def check_kernel_alignment(name: str, t: torch.Tensor | None, stride_multiple: int = 1) -> None:
+    """The kernels promise the compiler 16-byte aligned base pointers for every tensor, and strides
+    that are multiples of ``stride_multiple`` elements (8 for q, k_cache and out: 16 bytes, what TMA
+    needs). A sliced view can break either; say so instead of faulting on the GPU."""
+    if t is None:
+        return
+    if t.data_ptr() % 16:
+        raise ValueError(f"{name} must start at a 16-byte aligned address (got a view at offset "
+                         f"{t.storage_offset()} elements)")
+    bad = [st for st, n in zip(t.stride(), t.shape) if st != 1 and n > 1 and st % stride_multiple]
+    if bad:
+        raise ValueError(f"{name} strides must be multiples of {stride_multiple} elements "
+                         f"({stride_multiple * t.element_size()} bytes) except the unit one, got {t.stride()}")
+
+
 def _rows_mergeable(name: str, t: torch.Tensor) -> None:
     # The kernels view t[b] as [s_q * h_q, d] (row = s_idx * h_q + head), which needs
     # stride(s_q) == h_q * stride(h_q) when both dims are real.

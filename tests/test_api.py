@@ -485,3 +485,16 @@ class TestMLADecoder:
     def test_plan_needs_num_sms_off_cuda(self, fake_kernel):
         with pytest.raises(ValueError, match="num_sms is required"):
             mla.MLADecoder().plan(torch.tensor([5], dtype=torch.int32), num_heads_q=16)
+
+
+def test_kernel_alignment_is_checked():
+    """A view that breaks the 16-byte alignment the kernels promise TMA is refused, naming the tensor."""
+    import torch
+    from mla import validate
+
+    base = torch.zeros(4, 64, 1, 576, dtype=torch.bfloat16)
+    validate.check_kernel_alignment("k_cache", base, 8)
+    with pytest.raises(ValueError, match="k_cache must start at a 16-byte aligned address"):
+        validate.check_kernel_alignment("k_cache", base.view(-1)[1:1 + 64 * 576].view(1, 64, 1, 576), 8)
+    with pytest.raises(ValueError, match="q strides must be multiples of 8"):
+        validate.check_kernel_alignment("q", torch.zeros(2, 1, 16, 580, dtype=torch.bfloat16)[..., :576], 8)
