@@ -4,7 +4,6 @@ All of these run at trace time (they build layouts, no device code of their own)
 """
 from __future__ import annotations
 
-import cutlass
 import cutlass.cute as cute
 import cutlass.utils.hopper_helpers as sm90
 from cutlass.cute.nvgpu import warpgroup

@@ -17,9 +17,8 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import cpasync
 
 from pipelines import layouts
 
@@ -27,7 +26,6 @@ HEAD_DIM = 576  # 512 latent ("nope") dims + 64 RoPE dims
 HEAD_DIM_V = 512
 BLOCK_M = 64  # query rows per CTA (one wgmma M)
 BLOCK_N = 64  # KV tokens per tile
-META_FIELDS = 8
 
 
 class MLADecodeBase:

@@ -17,7 +17,7 @@ import math
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32
 
 HEAD_DIM_V = 512
 THREADS = 128
