@@ -88,7 +88,10 @@ def cpu_check(num_sms: int = 132) -> bool:
                                                 causal=causal)
         out, lse, _, _ = split_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens,
                                                 metadata, num_splits, causal=causal)
-        cmp = compare_to_reference(out, lse, ref_out, ref_lse, out_atol=1e-5, out_rtol=1e-5, lse_atol=1e-5,
+        # Both sides are fp32 sums over up to 1000 keys in different orders (and torch's CPU kernels
+        # may block them differently from run to run): 1e-4 absolute is a few hundred fp32 ulps of
+        # these magnitudes, and a wrong plan or merge is off by O(0.1), far outside it.
+        cmp = compare_to_reference(out, lse, ref_out, ref_lse, out_atol=1e-4, out_rtol=1e-5, lse_atol=1e-4,
                                    lse_rtol=1e-6, max_cos_dist=1e-9)
         print(f"  b=4 s_q={s_q} h_q={h_q} causal={causal} lengths {seqlens}: {parts} parts, {chunks} chunks; "
               f"split+merge vs unsplit reference: max |out diff| = {cmp.max_abs_out:.2g}, "
