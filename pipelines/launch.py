@@ -45,14 +45,22 @@ def _fake(dtype, rank: int, stride_div: int = 1):
     return make_fake_tensor(dtype, shape, stride, assumed_align=16)
 
 
+def _cached_compile(key, build):
+    """Compile once per key: ``build()`` returns ``(kernel object, fake args)``."""
+    with _LOCK:
+        fn = _CACHE.get(key)
+        if fn is None:
+            obj, args = build()
+            options = key[-1]
+            fn = cute.compile(obj, *args) if options is None else cute.compile(obj, *args, options=options)
+            _CACHE[key] = fn
+        return fn
+
+
 def compile_decode(variant: str, dtype: str, num_heads: int, seqlen_q: int, page_size: int, causal: bool,
                    options: str | None = None):
     """Compile (or fetch from the cache) the decode kernel for one static configuration."""
-    key = (variant, dtype, num_heads, seqlen_q, page_size, bool(causal), options)
-    with _LOCK:
-        fn = _CACHE.get(key)
-        if fn is not None:
-            return fn
+    def build():
         cdt = _cute_dtype(dtype)
         kernel = _kernel_class(variant)(cdt, num_heads, seqlen_q, page_size, causal)
         i32, f32 = cutlass.Int32, cutlass.Float32
@@ -70,30 +78,22 @@ def compile_decode(variant: str, dtype: str, num_heads: int, seqlen_q: int, page
             f32(1.0),
             cute.runtime.make_fake_stream(),
         )
-        if options is None:
-            fn = cute.compile(kernel, *args)
-        else:
-            fn = cute.compile(kernel, *args, options=options)
-        _CACHE[key] = fn
-        return fn
+        return kernel, args
+
+    return _cached_compile((variant, dtype, num_heads, seqlen_q, page_size, bool(causal), options), build)
 
 
 def compile_merge(dtype: str, num_heads: int, seqlen_q: int, options: str | None = None):
     """Compile (or fetch) the split-kv merge kernel for one (dtype, h_q, s_q)."""
-    key = ("merge", dtype, num_heads, seqlen_q, options)
-    with _LOCK:
-        fn = _CACHE.get(key)
-        if fn is not None:
-            return fn
+    def build():
         from split_k.merge_kernel import SplitMerge
         cdt = _cute_dtype(dtype)
         f32 = cutlass.Float32
         args = (_fake(f32, 3, 8), _fake(f32, 2), _fake(cutlass.Int32, 1), _fake(cdt, 3, 8), _fake(f32, 3),
                 cute.runtime.make_fake_stream())
-        merge = SplitMerge(cdt, num_heads, seqlen_q)
-        fn = cute.compile(merge, *args) if options is None else cute.compile(merge, *args, options=options)
-        _CACHE[key] = fn
-        return fn
+        return SplitMerge(cdt, num_heads, seqlen_q), args
+
+    return _cached_compile(("merge", dtype, num_heads, seqlen_q, options), build)
 
 
 def _view(t):
