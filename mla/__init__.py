@@ -10,6 +10,8 @@ Public API (FlashMLA-compatible names and argument positions)::
   num_splits, softmax_scale=None, causal=False, *, pipeline="auto", out=None)`` -> ``(out, lse)``.
 - ``MLADecoder(pipeline="auto")``: ``plan(...)`` once, ``run(...)`` many times (CUDA-graph safe).
 - ``mla.reference.mla_decode_reference``: the fp32 reference (CPU or GPU).
+- ``torch.ops.mla.decode``: the decode as a torch custom op (``mla.ops``; registered on import), what
+  the API traces to under ``torch.compile``.
 
 ``pipeline=`` picks the kernel variant: ``"2wg"`` (FlashMLA-style, two math warpgroups), ``"3wg"``
 (FA3-style producer + two consumers) or ``"auto"`` (env var ``MLA_PIPELINE``, else ``"2wg"``).
@@ -17,6 +19,7 @@ Public API (FlashMLA-compatible names and argument positions)::
 from .api import (DEFAULT_PIPELINE, PIPELINE_CHOICES, PIPELINE_ENV_VAR, MLADecoder, MLASchedMeta,
                   flash_mla_with_kvcache, get_mla_metadata, resolve_pipeline)
 from .reference import mla_decode_reference
+from . import ops  # noqa: E402,F401 - registers torch.ops.mla.decode
 
 __all__ = [
     "get_mla_metadata", "flash_mla_with_kvcache", "MLADecoder", "MLASchedMeta", "mla_decode_reference",

@@ -2,8 +2,16 @@
 
 Kernel path of every entry point: resolve the pipeline name, check that its kernel exists, validate
 every input (``mla.validate``), plan the split (``split_k.planner``), allocate what the caller did
-not pass, then ``pipelines.run_decode``. Nothing is launched before all checks pass, and no name
-falls back silently to another pipeline.
+not pass, then one call of the compiled decode (``pipelines.decode_launcher``). Nothing is launched
+before all checks pass, and no name falls back silently to another pipeline.
+
+Eager calls are the hot path of an engine whenever a step does not match a captured CUDA graph, so
+the checks are cached per *signature*: everything they read (each tensor's shape, strides, dtype and
+device, the scalar arguments with their types, the plan's host-side facts, the pipeline name). A
+repeated signature costs one dictionary lookup plus the data-pointer alignment test, the one
+check that depends on more than the signature; a new signature gets every check, and a failed
+check is never cached. Under ``torch.compile`` the same checks run at trace time and the launch
+goes through the custom op ``torch.ops.mla.decode`` (``mla.ops``), which checks again when it runs.
 """
 from __future__ import annotations
 
@@ -151,20 +159,114 @@ def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_heads_per_he
     return metadata, num_splits
 
 
-def _check_kernel_alignment(q, k_cache, out, lse) -> None:
-    for name, t, mult in (("q", q, 8), ("k_cache", k_cache, 8), ("out", out, 8), ("lse", lse, 1)):
+# ----------------------------------------------------------------------------------- kernel path
+
+_MAX_SIGNATURES = 4096
+"""Entries a signature cache holds before it starts over (engines that slice block_table per step
+make a new signature per width; the cache must not grow without bound)."""
+
+
+def _sig(t) -> tuple:
+    """Everything the checks read from a tensor: shape, strides, dtype, device. Raises
+    AttributeError for a non-tensor, which sends the call down the checking path (which names it)."""
+    return (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _remember(cache: dict, key, value) -> None:
+    if len(cache) >= _MAX_SIGNATURES:
+        cache.clear()
+    cache[key] = value
+
+
+def _check_kernel_alignment(q, k_cache, out, workspace=None) -> None:
+    """Base pointers the kernels assume 16-byte aligned, and the TMA stride multiples."""
+    for name, t, mult in (("q", q, 8), ("k_cache", k_cache, 8), ("out", out, 8), ("workspace", workspace, 1)):
         validate.check_kernel_alignment(name, t, mult)
+
+
+def _misaligned(q, k_cache, out, workspace=None) -> bool:
+    # The one check a signature cannot cover: a view of the same shape and strides can start at
+    # another offset. Four integer tests; the named error comes from _check_kernel_alignment.
+    return bool(q.data_ptr() % 16 or k_cache.data_ptr() % 16 or (out is not None and out.data_ptr() % 16)
+                or (workspace is not None and workspace.data_ptr() % 16))
 
 
 def _check_kernel_shape(shape: validate.DecodeShape, variant: str) -> None:
     validate.check_page_size(shape.page_size, pipelines.supported_page_sizes(variant), variant)
 
 
-def _workspace(shape: validate.DecodeShape, num_parts: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+def _workspace_numel(shape: validate.DecodeShape, num_parts: int) -> int:
     # Workspace rows follow out's rows (s_idx * h_q + head) for every kv head together.
-    o_shape, lse_shape = planner.workspace_shapes(shape.batch_size, num_parts, shape.s_q * shape.h_q, HEAD_DIM_V)
-    return (torch.empty(o_shape, dtype=torch.float32, device=device),
-            torch.empty(lse_shape, dtype=torch.float32, device=device))
+    return pipelines.workspace_numel(shape.batch_size, num_parts, shape.s_q * shape.h_q)
+
+
+def _launcher(variant: str, shape: validate.DecodeShape):
+    return pipelines.decode_launcher(variant, shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal,
+                                     shape.h_kv)
+
+
+@dataclass(frozen=True)
+class _Call:
+    """What a checked signature needs per call: the compiled launch and what to allocate."""
+    launch: object
+    out_shape: tuple
+    lse_shape: tuple
+    workspace_numel: int
+    dtype: torch.dtype
+    device: torch.device
+    softmax_scale: float
+    shape: validate.DecodeShape
+
+
+_FLASH_CALLS: dict = {}
+
+
+def clear_caches() -> None:
+    """Forget every checked signature (``flash_mla_with_kvcache``'s and ``torch.ops.mla.decode``'s).
+    Only needed when the pipeline registry changes under a running process (tests do that)."""
+    _FLASH_CALLS.clear()
+    from . import ops
+    ops.clear_caches()
+
+
+def _flash_key(variant, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+               softmax_scale, causal, out):
+    if isinstance(tile_scheduler_metadata, MLASchedMeta):
+        sched = tile_scheduler_metadata
+        if not sched.have_initialized:
+            return None  # the first call plans (a host sync): the checking path does it
+        plan = ("lazy", sched.config, sched.info, _sig(sched.tile_scheduler_metadata), _sig(sched.num_splits),
+                num_splits is None)
+    else:
+        plan = (_sig(tile_scheduler_metadata), _sig(num_splits), getattr(tile_scheduler_metadata, "_mla_plan_info", None))
+    return (variant, _sig(q), _sig(k_cache), _sig(block_table), _sig(cache_seqlens), type(head_dim_v), head_dim_v,
+            type(softmax_scale), softmax_scale, type(causal), causal, None if out is None else _sig(out), plan)
+
+
+def _check_flash_call(variant, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                      num_splits, softmax_scale, causal, out, *, launcher: bool = True) -> _Call:
+    """Every check of a ``flash_mla_with_kvcache`` call; plans a fresh ``MLASchedMeta``. With
+    ``launcher`` (eager calls) the result carries the compiled launch (loaded or compiled now)."""
+    require_kernel(variant)
+    shape = validate.check_decode_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale,
+                                         causal, out=out, device_type=validate.KERNEL_DEVICE_TYPE)
+    _check_kernel_shape(shape, variant)
+    if isinstance(tile_scheduler_metadata, MLASchedMeta):
+        if num_splits is not None:
+            raise ValueError("num_splits must be None when tile_scheduler_metadata is an MLASchedMeta")
+        tile_scheduler_metadata._ensure(shape, cache_seqlens)
+        info = tile_scheduler_metadata.info
+        tile_scheduler_metadata, num_splits = (tile_scheduler_metadata.tile_scheduler_metadata,
+                                               tile_scheduler_metadata.num_splits)
+    else:
+        info = getattr(tile_scheduler_metadata, "_mla_plan_info", None)
+    validate.check_metadata(tile_scheduler_metadata, num_splits, shape.batch_size, shape.device)
+    if info is not None:  # absent when the caller copied the metadata (e.g. into a graph's static buffer)
+        validate.check_block_table_width(shape.max_pages, shape.page_size, info.max_seqlen)
+    launch = _launcher(variant, shape) if launcher else None
+    return _Call(launch, (shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V), (shape.batch_size, shape.h_q, shape.s_q),
+                 _workspace_numel(shape, tile_scheduler_metadata.shape[0]), shape.dtype, shape.device,
+                 shape.softmax_scale, shape)
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
@@ -197,34 +299,60 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         pipeline has no kernel yet.
 
     No host synchronisation unless the metadata is a fresh ``MLASchedMeta`` (its first call plans).
-    Allocates out (if not given), lse and the split-kv workspace on every call; use ``MLADecoder``
-    to allocate once.
+    Allocates out (if not given), lse and the split-kv workspace (one buffer) on every call; use
+    ``MLADecoder`` to allocate once. The first call of a configuration loads (or compiles) its
+    kernel; the checks of a call signature run once (module docstring). Under ``torch.compile``
+    this traces to ``torch.ops.mla.decode`` (plan a lazy ``MLASchedMeta`` before compiling: its
+    first use reads the lengths on the host).
     """
+    if torch.compiler.is_compiling():
+        return _flash_mla_traced(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                                 num_splits, softmax_scale, causal, pipeline, out)
     variant = resolve_pipeline(pipeline)
-    require_kernel(variant)
-    shape = validate.check_decode_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale,
-                                         causal, out=out, device_type=validate.KERNEL_DEVICE_TYPE)
-    _check_kernel_shape(shape, variant)
-    _check_kernel_alignment(q, k_cache, out, None)
+    try:
+        key = _flash_key(variant, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                         num_splits, softmax_scale, causal, out)
+        call = _FLASH_CALLS.get(key) if key is not None else None
+    except (AttributeError, TypeError):  # a non-tensor or an unhashable argument: the checks name it
+        key = call = None
+    if call is None:
+        call = _check_flash_call(variant, q, k_cache, block_table, cache_seqlens, head_dim_v,
+                                 tile_scheduler_metadata, num_splits, softmax_scale, causal, out)
+        if key is not None:
+            _remember(_FLASH_CALLS, key, call)
     if isinstance(tile_scheduler_metadata, MLASchedMeta):
-        if num_splits is not None:
-            raise ValueError("num_splits must be None when tile_scheduler_metadata is an MLASchedMeta")
-        tile_scheduler_metadata._ensure(shape, cache_seqlens)
-        info = tile_scheduler_metadata.info
         tile_scheduler_metadata, num_splits = (tile_scheduler_metadata.tile_scheduler_metadata,
                                                tile_scheduler_metadata.num_splits)
-    else:
-        info = getattr(tile_scheduler_metadata, "_mla_plan_info", None)
-    validate.check_metadata(tile_scheduler_metadata, num_splits, shape.batch_size, shape.device)
-    if info is not None:  # absent when the caller copied the metadata (e.g. into a graph's static buffer)
-        validate.check_block_table_width(shape.max_pages, shape.page_size, info.max_seqlen)
-
+    if _misaligned(q, k_cache, out):
+        _check_kernel_alignment(q, k_cache, out)
+    device = call.device
     if out is None:
-        out = torch.empty(shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V, dtype=q.dtype, device=q.device)
-    lse = torch.empty(shape.batch_size, shape.h_q, shape.s_q, dtype=torch.float32, device=q.device)
-    o_accum, lse_accum = _workspace(shape, tile_scheduler_metadata.shape[0], q.device)
-    pipelines.run_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
-                         out, lse, o_accum, lse_accum, shape.softmax_scale, shape.causal)
+        out = torch.empty(call.out_shape, dtype=call.dtype, device=device)
+    lse = torch.empty(call.lse_shape, dtype=torch.float32, device=device)
+    workspace = torch.empty(call.workspace_numel, dtype=torch.float32, device=device)
+    call.launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
+                call.softmax_scale)
+    return out, lse
+
+
+def _flash_mla_traced(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+                      softmax_scale, causal, pipeline, out):
+    """``flash_mla_with_kvcache`` as torch.compile traces it: the checks on the traced tensors (no
+    caches, no data pointers), allocations in the graph, the launch as ``torch.ops.mla.decode``."""
+    from . import ops  # noqa: F401 - registers the op
+
+    variant = resolve_pipeline(pipeline)
+    call = _check_flash_call(variant, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                             num_splits, softmax_scale, causal, out, launcher=False)
+    if isinstance(tile_scheduler_metadata, MLASchedMeta):
+        tile_scheduler_metadata, num_splits = (tile_scheduler_metadata.tile_scheduler_metadata,
+                                               tile_scheduler_metadata.num_splits)
+    if out is None:
+        out = torch.empty(call.out_shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty(call.lse_shape, dtype=torch.float32, device=q.device)
+    workspace = torch.empty(call.workspace_numel, dtype=torch.float32, device=q.device)
+    torch.ops.mla.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
+                         workspace, call.softmax_scale, call.shape.causal, variant)
     return out, lse
 
 
@@ -234,9 +362,10 @@ class MLADecoder:
     """Plan once, run many times: host work in ``plan``, none in ``run``.
 
     ``plan`` validates the configuration, copies the lengths to the host once (none if they are
-    already on the CPU), builds the split plan and allocates the plan tensors, the split-kv workspace
-    and an lse buffer on the device. ``run`` only checks tensor metadata and launches: no host
-    synchronisation, and no allocation when ``out`` is given, so it can be captured in a CUDA graph.
+    already on the CPU), builds the split plan, allocates the plan tensors, the split-kv workspace
+    and an lse buffer on the device, and loads (or compiles) the kernel. ``run`` checks the tensors'
+    metadata (once per signature) and launches: no host synchronisation, and no allocation when
+    ``out`` is given, so it can be captured in a CUDA graph.
 
     Re-planning with the same batch size, heads, s_q and device keeps every device buffer at the same
     address (new values are copied in), so a captured graph stays valid after ``plan`` for new lengths
@@ -258,7 +387,9 @@ class MLADecoder:
         self._info: PlanInfo | None = None
         self.tile_scheduler_metadata: torch.Tensor | None = None
         self.num_splits: torch.Tensor | None = None
-        self._o_accum = self._lse_accum = self._lse = None
+        self._workspace = self._lse = None
+        self._launch = None
+        self._checked: dict = {}  # run() signatures that passed every check against this plan
 
     def plan(self, cache_seqlens: torch.Tensor, *, num_heads_q: int, seq_len_q: int = 1, num_heads_k: int = 1,
              page_size: int = 64, dtype: torch.dtype = torch.bfloat16, head_dim_v: int = HEAD_DIM_V,
@@ -276,7 +407,7 @@ class MLADecoder:
             device: where the kernel runs; default cache_seqlens' device (must be CUDA).
 
         Raises ValueError/TypeError for an invalid configuration, NotImplementedError when the
-        pipeline has no kernel yet or ``num_heads_k > 1``.
+        pipeline has no kernel yet.
         """
         require_kernel(self.variant)
         cache_seqlens = validate.check_seqlens_tensor(cache_seqlens)
@@ -304,14 +435,17 @@ class MLADecoder:
 
         lengths = planner.host_lengths(cache_seqlens, "cache_seqlens")
         metadata, num_splits, info = _plan(lengths, shape.rows, shape.h_kv, _num_sms(device, self._num_sms), device)
+        launch = _launcher(self.variant, shape)  # the first plan of a configuration loads or compiles it
         if self._reusable(shape, info):
             self.tile_scheduler_metadata.copy_(metadata)
             self.num_splits.copy_(num_splits)
         else:
             self.tile_scheduler_metadata, self.num_splits = metadata, num_splits
-            self._o_accum, self._lse_accum = _workspace(shape, info.num_parts, device)
+            self._workspace = torch.empty(_workspace_numel(shape, info.num_parts), dtype=torch.float32, device=device)
             self._lse = torch.empty(shape.batch_size, shape.h_q, shape.s_q, dtype=torch.float32, device=device)
-        self._planned, self._info = shape, info
+        self._planned, self._info, self._launch = shape, info, launch
+        self._out_shape = (shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V)
+        self._checked = {}
 
     def _reusable(self, shape: validate.DecodeShape, info: PlanInfo) -> bool:
         """Whether the buffers of the previous plan fit this one exactly (same shapes, same device)."""
@@ -319,6 +453,21 @@ class MLADecoder:
         return (old is not None and self._info.num_parts == info.num_parts
                 and (old.batch_size, old.s_q, old.h_q, old.h_kv, old.device)
                 == (shape.batch_size, shape.s_q, shape.h_q, shape.h_kv, shape.device))
+
+    def _check_run(self, q, k_cache, block_table, cache_seqlens, out, lse) -> validate.DecodeShape:
+        """Every check of a ``run`` call against the plan (metadata only)."""
+        planned = self._planned
+        shape = validate.check_decode_inputs(q, k_cache, block_table, cache_seqlens, HEAD_DIM_V,
+                                             planned.softmax_scale, planned.causal, out=out, lse=lse,
+                                             device_type=validate.KERNEL_DEVICE_TYPE)
+        for name, want, got in (("batch size", planned.batch_size, shape.batch_size), ("s_q", planned.s_q, shape.s_q),
+                                ("h_q", planned.h_q, shape.h_q), ("h_kv", planned.h_kv, shape.h_kv),
+                                ("page_size", planned.page_size, shape.page_size),
+                                ("dtype", planned.dtype, shape.dtype), ("device", planned.device, shape.device)):
+            if want != got:
+                raise ValueError(f"run() got {name} {got}, but plan() was made for {want}")
+        validate.check_block_table_width(shape.max_pages, shape.page_size, self._info.max_seqlen)
+        return shape
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
             *, out: torch.Tensor | None = None, lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -333,27 +482,43 @@ class MLADecoder:
                 (allocated by ``plan``, overwritten by every run) is used and returned.
 
         Returns ``(out, lse)``. Raises ``RuntimeError`` before ``plan`` and ``ValueError`` when the
-        inputs differ from the plan.
+        inputs differ from the plan. The checks run once per signature of the arguments (shapes,
+        strides, dtypes, devices) and plan; later calls test only the data-pointer alignment.
         """
-        planned = self._planned
-        if planned is None:
+        if self._planned is None:
             raise RuntimeError("MLADecoder.run called before plan()")
-        shape = validate.check_decode_inputs(q, k_cache, block_table, cache_seqlens, HEAD_DIM_V,
-                                             planned.softmax_scale, planned.causal, out=out, lse=lse,
-                                             device_type=validate.KERNEL_DEVICE_TYPE)
-        _check_kernel_alignment(q, k_cache, out, lse)
-        for name, want, got in (("batch size", planned.batch_size, shape.batch_size), ("s_q", planned.s_q, shape.s_q),
-                                ("h_q", planned.h_q, shape.h_q), ("h_kv", planned.h_kv, shape.h_kv),
-                                ("page_size", planned.page_size, shape.page_size),
-                                ("dtype", planned.dtype, shape.dtype), ("device", planned.device, shape.device)):
-            if want != got:
-                raise ValueError(f"run() got {name} {got}, but plan() was made for {want}")
-        validate.check_block_table_width(shape.max_pages, shape.page_size, self._info.max_seqlen)
+        if torch.compiler.is_compiling():
+            return self._run_traced(q, k_cache, block_table, cache_seqlens, out, lse)
+        try:
+            key = (_sig(q), _sig(k_cache), _sig(block_table), _sig(cache_seqlens),
+                   None if out is None else _sig(out), None if lse is None else _sig(lse))
+            checked = key in self._checked
+        except (AttributeError, TypeError):
+            key, checked = None, False
+        if not checked:
+            self._check_run(q, k_cache, block_table, cache_seqlens, out, lse)
+            if key is not None:
+                _remember(self._checked, key, True)
+        if _misaligned(q, k_cache, out):
+            _check_kernel_alignment(q, k_cache, out)
         if out is None:
-            out = torch.empty(shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V, dtype=q.dtype, device=q.device)
+            out = torch.empty(self._out_shape, dtype=self._planned.dtype, device=self._planned.device)
         if lse is None:
             lse = self._lse
-        pipelines.run_decode(self.variant, q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata,
-                             self.num_splits, out, lse, self._o_accum, self._lse_accum, planned.softmax_scale,
-                             planned.causal)
+        self._launch(q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits, out, lse,
+                     self._workspace, self._planned.softmax_scale)
+        return out, lse
+
+    def _run_traced(self, q, k_cache, block_table, cache_seqlens, out, lse):
+        """``run`` as torch.compile traces it: checks at trace time, launch as ``torch.ops.mla.decode``."""
+        from . import ops  # noqa: F401 - registers the op
+
+        planned = self._planned
+        self._check_run(q, k_cache, block_table, cache_seqlens, out, lse)
+        if out is None:
+            out = torch.empty(self._out_shape, dtype=q.dtype, device=q.device)
+        if lse is None:
+            lse = self._lse
+        torch.ops.mla.decode(q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits,
+                             out, lse, self._workspace, planned.softmax_scale, planned.causal, self.variant)
         return out, lse

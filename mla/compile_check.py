@@ -99,7 +99,10 @@ def compile_target(t: Target, dump_dir: str):
 
     options = f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump_dir}"
     if t.kind == "decode":
-        fn = launch.compile_decode(t.variant, t.dtype, t.h_q, t.s_q, 64, t.causal, options=options)
+        # The host entry the API calls (decode + merge kernels, TVM-FFI), so the SASS checked is the
+        # SASS that runs; its cubin holds both kernels.
+        config = launch.DecodeConfig.make(t.variant, t.dtype, t.h_q, t.s_q, 64, t.causal)
+        fn = launch.compile_entry(config, options=options)
     else:
         fn = launch.compile_merge(t.dtype, t.h_q, t.s_q, options=options)
     return fn.artifacts.CUBIN

@@ -70,9 +70,11 @@ def _last_dim_contiguous(name: str, t: torch.Tensor) -> None:
 
 
 def check_kernel_alignment(name: str, t: torch.Tensor | None, stride_multiple: int = 1) -> None:
-    """The kernels promise the compiler 16-byte aligned base pointers for every tensor, and strides
-    that are multiples of ``stride_multiple`` elements (8 for q, k_cache and out: 16 bytes, what TMA
-    needs). A sliced view can break either; say so instead of faulting on the GPU."""
+    """The kernels promise the compiler 16-byte aligned base pointers for q, k_cache, out and the
+    workspace, and strides that are multiples of ``stride_multiple`` elements (8 for q, k_cache and
+    out: 16 bytes, what TMA needs). A sliced view can break either; say so instead of faulting on
+    the GPU. (The int32 tensors and lse are accessed one element at a time: element alignment,
+    which torch always gives, is all they need.)"""
     if t is None:
         return
     if t.data_ptr() % 16:
@@ -85,10 +87,11 @@ def check_kernel_alignment(name: str, t: torch.Tensor | None, stride_multiple: i
 
 
 def _rows_mergeable(name: str, t: torch.Tensor) -> None:
-    # The kernels view t[b] as [s_q * h_q, d] (row = s_idx * h_q + head), which needs
-    # stride(s_q) == h_q * stride(h_q) when both dims are real.
+    # The kernels view t[b] as [s_q * h_q, d] (row = s_idx * h_q + head) with one row stride,
+    # stride(2), which needs stride(1) == h_q * stride(2) whenever there is more than one token,
+    # h_q = 1 included (then the head dim's stride is the row stride, whatever torch put there).
     s_q, h_q = t.shape[1], t.shape[2]
-    if s_q > 1 and h_q > 1 and t.stride(1) != h_q * t.stride(2):
+    if s_q > 1 and t.stride(1) != h_q * t.stride(2):
         raise ValueError(f"{name}[b] must be viewable as [s_q * h_q, d] (stride(1) == h_q * stride(2)), "
                          f"got strides {t.stride()}")
 
@@ -227,3 +230,16 @@ def check_metadata(tile_scheduler_metadata, num_splits, batch_size: int, device:
                              f"(get_mla_metadata returns it on cache_seqlens' device)")
         if not t.is_contiguous():
             raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+
+
+def check_workspace(workspace, numel: int, device: torch.device) -> None:
+    """The split-kv workspace: fp32, 1-D, contiguous, on q's device, at least ``numel`` elements
+    (``pipelines.workspace_numel(b, num_parts, s_q * h_q)``)."""
+    ws = _tensor("workspace", workspace)
+    _dtype("workspace", ws, (torch.float32,))
+    if ws.dim() != 1 or ws.shape[0] < numel:
+        raise ValueError(f"workspace must be 1-D with at least {numel} elements ((b + num_parts) * s_q * h_q * 513), "
+                         f"got shape {tuple(ws.shape)}")
+    if ws.device != device:
+        raise ValueError(f"workspace must be on q's device {device}, got {ws.device}")
+    _last_dim_contiguous("workspace", ws)

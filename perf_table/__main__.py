@@ -28,6 +28,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--out", help="JSON path, or an existing directory to write <device>_<date>_<commit>[_quick].json "
                                    "into (default: perf_table/results/)")
     run.add_argument("--commit", help="commit to record where the checkout has no .git (the GPU machine's copy)")
+    eager = run.add_mutually_exclusive_group()
+    eager.add_argument("--eager", dest="eager", action="store_true", default=None,
+                       help="also time 300 back-to-back eager calls per config (default with --quick)")
+    eager.add_argument("--no-eager", dest="eager", action="store_false", help="graph replays only")
 
     regen = sub.add_parser("regenerate", help="rebuild README.md, table.csv and plots/ from results/ (CPU)")
     regen.add_argument("--check", action="store_true",
@@ -43,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         try:
             return runner.main(quick=args.quick, pipeline=args.pipeline, out=args.out, replays=args.replays,
-                               page_sizes=args.page_sizes, commit=args.commit)
+                               page_sizes=args.page_sizes, commit=args.commit, eager=args.eager)
         except runner.PreflightError as exc:
             print(f"perf_table run: {exc}", file=sys.stderr)
             return 2

@@ -1,4 +1,5 @@
-"""GPU measurements: the device roofline, the inputs of a config, and CUDA-graph replay timing.
+"""GPU measurements: the device roofline, the inputs of a config, CUDA-graph replay timing and the
+wall time of back-to-back eager calls.
 
 torch is imported by the functions that need it, so the rest of perf_table (and its tests) runs on
 a machine without a GPU. ``make_inputs`` also works on the CPU, which is how it is tested.
@@ -8,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import statistics
+import time
 
 from .formulas import gbps, tflops
 from .grid import HEAD_DIM, HEAD_DIM_V, Config
@@ -17,6 +19,10 @@ from .grid import HEAD_DIM, HEAD_DIM_V, Config
 COPY_BYTES = 1 << 30
 GEMM_N = 8192
 ROOFLINE_REPS = 20
+# Eager calls: what an engine pays per layer when a step does not match a captured graph.
+EAGER_CALLS = 300
+EAGER_WARMUP = 20
+EAGER_ROUNDS = 3
 
 
 @dataclasses.dataclass
@@ -89,6 +95,41 @@ def make_decode_fn(mla, variant: str, cfg: Config, inp: Inputs, num_sms: int | N
         decoder.run(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, out=out)
 
     return call
+
+
+def make_flash_fn(mla, variant: str, cfg: Config, inp: Inputs, num_sms: int | None = None):
+    """A zero-argument callable running ``mla.flash_mla_with_kvcache`` on ``inp``, with the metadata
+    computed once here (``get_mla_metadata``) and ``out`` allocated by each call, as FlashMLA's own
+    ``flash_mla_with_kvcache`` is usually called."""
+    meta, splits = mla.get_mla_metadata(inp.cache_seqlens, cfg.s_q * cfg.h_q, 1, num_sms=num_sms)
+
+    def call():
+        mla.flash_mla_with_kvcache(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, HEAD_DIM_V, meta, splits,
+                                   causal=cfg.causal, pipeline=variant)
+
+    return call
+
+
+def time_eager(fn, calls: int = EAGER_CALLS, warmup: int = EAGER_WARMUP, rounds: int = EAGER_ROUNDS,
+               clock=time.perf_counter, synchronize=None) -> float:
+    """Wall time per call, in microseconds, of ``calls`` back-to-back eager calls of ``fn`` (after
+    ``warmup`` calls and a synchronize; the clock stops after a final synchronize), median of
+    ``rounds`` rounds. When the host is the bottleneck (small problems) this is the host cost of a
+    call; otherwise it is the GPU time, since the queue never drains."""
+    if synchronize is None:
+        import torch
+        synchronize = torch.cuda.synchronize
+    for _ in range(warmup):
+        fn()
+    synchronize()
+    per_call = []
+    for _ in range(rounds):
+        start = clock()
+        for _ in range(calls):
+            fn()
+        synchronize()
+        per_call.append((clock() - start) * 1e6 / calls)
+    return statistics.median(per_call)
 
 
 def _backlog(torch, n_calls: int):

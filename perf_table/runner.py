@@ -43,6 +43,15 @@ TIMING = {
     "warmup_replays": WARMUP_REPLAYS,
     "l2_flushed": False,
 }
+EAGER_TIMING = {
+    "eager": "wall time per call of back-to-back eager calls (perf_counter around the calls and a final "
+             "synchronize), median of the rounds: eager_run_us = mla.MLADecoder.run (planned once, out "
+             "given), eager_flash_us = mla.flash_mla_with_kvcache (metadata from get_mla_metadata once, "
+             "out allocated per call)",
+    "eager_calls": 300,
+    "eager_warmup": 20,
+    "eager_rounds": 3,
+}
 INPUTS = {
     "values": "randn/10 clamped to [-1, 1] (q and KV)",
     "pages": "random permutation of the page pool; unused block_table slots = page 0",
@@ -104,8 +113,9 @@ def _config_fields(variant: str, cfg: grid.Config) -> dict:
 
 
 def measure_row(variant: str, cfg: grid.Config, total_kv_tokens: int, samples_us: list[float],
-                roofline: dict) -> dict:
-    """One row of the raw JSON from the replay times of a config: every figure the table shows."""
+                roofline: dict, eager: dict | None = None) -> dict:
+    """One row of the raw JSON from the replay times of a config: every figure the table shows.
+    ``eager``: ``{"run_us": ..., "flash_us": ...}`` eager wall times per call, when measured."""
     us = statistics.median(samples_us)
     nbytes = formulas.decode_bytes(cfg.b, cfg.s_q, cfg.h_q, total_kv_tokens, cfg.dtype)
     flops = formulas.decode_flops(cfg.s_q, cfg.h_q, total_kv_tokens)
@@ -125,6 +135,8 @@ def measure_row(variant: str, cfg: grid.Config, total_kv_tokens: int, samples_us
         "roofline_us": bound_us,
         "bound": bound,
         "roofline_frac": bound_us / us,
+        "eager_run_us": eager["run_us"] if eager else None,
+        "eager_flash_us": eager["flash_us"] if eager else None,
         "error": None,
     })
     return row
@@ -151,9 +163,10 @@ def run_plan(plan: list[tuple[str, grid.Config]], bench: Callable[[str, grid.Con
              device: str = "") -> list[dict]:
     """Time every (variant, config) of ``plan`` with ``bench``; one row each, failures included.
 
-    ``bench(variant, cfg)`` returns (total KV tokens, per-replay microseconds). An exception in one
-    config is recorded as that row's error and the run goes on; once ``healthy()`` says the CUDA
-    context is gone, the remaining configs are recorded as not run rather than as fake failures.
+    ``bench(variant, cfg)`` returns (total KV tokens, per-replay microseconds) or (total, replay
+    microseconds, eager times as ``measure_row`` takes them). An exception in one config is recorded
+    as that row's error and the run goes on; once ``healthy()`` says the CUDA context is gone, the
+    remaining configs are recorded as not run rather than as fake failures.
     ``after_each(rows)`` runs after every config with the rows so far.
     """
     rows = []
@@ -165,12 +178,15 @@ def run_plan(plan: list[tuple[str, grid.Config]], bench: Callable[[str, grid.Con
             rows.append(error_row(variant, cfg, f"not run: CUDA context lost at {lost}"))
         else:
             try:
-                total, samples = bench(variant, cfg)
-                row = measure_row(variant, cfg, total, samples, roofline)
+                total, samples, *eager = bench(variant, cfg)
+                row = measure_row(variant, cfg, total, samples, roofline, eager[0] if eager else None)
                 rows.append(row)
+                eager_note = (f" | eager run {row['eager_run_us']:.1f} us, flash {row['eager_flash_us']:.1f} us"
+                              if row["eager_run_us"] is not None else "")
                 log(f"{head} {row['us']:9.1f} us {row['gbps']:6.0f} GB/s {row['tflops']:6.1f} TFLOP/s "
                     f"{100 * row['roofline_frac']:5.1f}% of roofline ({row['bound']})"
-                    f"{anchor_note(anchors or {}, device, cfg, row['us'])}  [{time.monotonic() - start:.0f} s]")
+                    f"{anchor_note(anchors or {}, device, cfg, row['us'])}{eager_note}"
+                    f"  [{time.monotonic() - start:.0f} s]")
             except Exception as exc:  # noqa: BLE001 - every failure becomes a visible failed row
                 error = f"{type(exc).__name__}: {exc}"[:1000]
                 rows.append(error_row(variant, cfg, error))
@@ -215,7 +231,7 @@ def result_path(results_dir: pathlib.Path, device_name: str, date: str, short_co
 
 
 def build_record(*, device: dict, versions: dict, git: dict, date: str, quick: bool, replays: int,
-                 roofline: dict, rows: list[dict], complete: bool = True) -> dict:
+                 roofline: dict, rows: list[dict], complete: bool = True, eager: bool = False) -> dict:
     """The raw JSON of one run: where, when, with what, the roofline, and every row.
 
     ``complete`` is False in the copies written while the run goes on (and in the last one, if the
@@ -229,7 +245,7 @@ def build_record(*, device: dict, versions: dict, git: dict, date: str, quick: b
         "git": git,
         "versions": versions,
         "mode": "quick" if quick else "full",
-        "timing": dict(TIMING, replays=replays),
+        "timing": dict(TIMING, replays=replays, **(EAGER_TIMING if eager else {})),
         "inputs": INPUTS,
         "roofline": roofline,
         "rows": rows,
@@ -255,10 +271,12 @@ def _versions(torch) -> dict:
 
 
 def main(quick: bool = False, pipeline: str | None = None, out: str | None = None, replays: int = MIN_REPLAYS,
-         page_sizes: list[int] | None = None, commit: str | None = None) -> int:
-    """Run the benchmark on the current GPU; returns the process exit code."""
+         page_sizes: list[int] | None = None, commit: str | None = None, eager: bool | None = None) -> int:
+    """Run the benchmark on the current GPU; returns the process exit code. ``eager`` (default: on
+    for ``quick``) also times back-to-back eager calls of each config (``EAGER_TIMING``)."""
     import torch
 
+    eager = quick if eager is None else eager
     require_gpu(torch.cuda.is_available(), torch.__version__)
     try:
         import pipelines
@@ -293,7 +311,7 @@ def main(quick: bool = False, pipeline: str | None = None, out: str | None = Non
     log(f"perf_table: {props.name} ({props.multi_processor_count} SMs), commit {git['short']}"
         f"{' (dirty)' if git['dirty'] else ''}, torch {versions['torch']} CUDA {versions['cuda']}, "
         f"CuTe DSL {versions['cutlass_dsl']}; {len(plan)} configs ({'quick' if quick else 'full'}), "
-        f"{replays} replays each -> {path}")
+        f"{replays} replays each{', eager calls timed' if eager else ''} -> {path}")
 
     roofline = bench.measure_roofline()
     log(f"roofline: copy {roofline['copy_gbps']:.0f} GB/s (read+write), "
@@ -301,7 +319,8 @@ def main(quick: bool = False, pipeline: str | None = None, out: str | None = Non
 
     def save(rows, complete):
         record = build_record(device=device, versions=versions, git=git, date=now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-                              quick=quick, replays=replays, roofline=roofline, rows=rows, complete=complete)
+                              quick=quick, replays=replays, roofline=roofline, rows=rows, complete=complete,
+                              eager=eager)
         path.write_text(dumps_record(record))
 
     rows_so_far: list[dict] = []
@@ -320,7 +339,15 @@ def main(quick: bool = False, pipeline: str | None = None, out: str | None = Non
         try:
             inp = bench.make_inputs(cfg, seed=SEED)
             fn = bench.make_decode_fn(mla, variant, cfg, inp, num_sms=props.multi_processor_count)
-            return inp.total_kv_tokens, bench.time_graph(fn, replays, WARMUP_REPLAYS)
+            samples = bench.time_graph(fn, replays, WARMUP_REPLAYS)
+            if not eager:
+                return inp.total_kv_tokens, samples
+            flash = bench.make_flash_fn(mla, variant, cfg, inp, num_sms=props.multi_processor_count)
+            times = {"run_us": bench.time_eager(fn, EAGER_TIMING["eager_calls"], EAGER_TIMING["eager_warmup"],
+                                                EAGER_TIMING["eager_rounds"]),
+                     "flash_us": bench.time_eager(flash, EAGER_TIMING["eager_calls"], EAGER_TIMING["eager_warmup"],
+                                                  EAGER_TIMING["eager_rounds"])}
+            return inp.total_kv_tokens, samples, times
         finally:
             timer.cancel()
 

@@ -26,13 +26,36 @@ def supported_page_sizes(variant: str) -> tuple[int, ...]:
     return _PAGE_SIZES.get(variant, ())
 
 
-def run_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
-               out, lse, o_accum, lse_accum, softmax_scale, causal):
-    """Launch the decode kernel of ``variant`` and the split-kv merge on the current torch stream."""
+def _require_kernel(variant: str) -> None:
     if variant not in VARIANTS:
         raise ValueError(f"pipeline must be one of {VARIANTS}, got {variant!r}")
     if variant not in _PAGE_SIZES:
         raise NotImplementedError(f"pipeline {variant!r} has no kernel yet; available: {available_variants()}")
-    from pipelines.launch import launch_decode
-    launch_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
-                  out, lse, o_accum, lse_accum, softmax_scale, causal)
+
+
+def workspace_numel(batch_size: int, num_parts: int, rows: int) -> int:
+    """fp32 elements of the split-kv workspace ``run_decode`` takes: ``(b + num_parts) * rows * 513``
+    (``o_accum [b + num_parts, rows, 512]`` then ``lse_accum [b + num_parts, rows]``, one buffer;
+    ``rows = s_q * h_q``). See docs/interfaces.md, "Workspace"."""
+    return (batch_size + num_parts) * rows * 513
+
+
+def decode_launcher(variant: str, dtype, num_heads_q: int, seqlen_q: int, page_size: int, causal: bool,
+                    num_heads_k: int = 1):
+    """The compiled decode of one static configuration, from memory, the on-disk kernel cache, or a
+    fresh compile (seconds, once per machine). Returns a callable ``(q, k_cache, block_table,
+    cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace, softmax_scale)`` that
+    launches the decode kernel and the split-kv merge on the current torch stream, with no host
+    synchronisation and no allocation. Inputs must already be validated by ``mla``."""
+    _require_kernel(variant)
+    from pipelines.launch import DecodeConfig, decode_launcher as _launcher
+    return _launcher(DecodeConfig.make(variant, dtype, num_heads_q, seqlen_q, page_size, causal, num_heads_k))
+
+
+def run_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
+               out, lse, workspace, softmax_scale, causal):
+    """Launch the decode kernel of ``variant`` and the split-kv merge on the current torch stream
+    (``decode_launcher`` for the configuration of these tensors, then one call)."""
+    launch = decode_launcher(variant, q.dtype, q.shape[2], q.shape[1], k_cache.shape[1], causal, k_cache.shape[2])
+    launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
+           float(softmax_scale))

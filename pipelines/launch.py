@@ -1,26 +1,53 @@
-"""Host glue: compile cache keyed by every static knob, torch -> CuTe tensor views, launches.
+"""Host glue: one compiled host entry per static configuration, and the kernel cache it lives in.
 
-A kernel is compiled once per (variant, dtype, h_q, s_q, page_size, causal, h_kv) against symbolic
-shapes and strides (batch, pages, plan size are runtime values), so a serving engine pays the
-compile once per model configuration, not per batch shape.
+A decode is one call of one compiled function (``DecodeEntry``): it takes the torch tensors as the
+API holds them, builds the workspace views, and launches the decode kernel and the split-kv merge
+kernel on the current torch stream. It is compiled with TVM-FFI (``--enable-tvm-ffi``, stream from
+the environment), so a call passes torch tensors straight through: no per-call ``from_dlpack``
+views, no ``CUstream`` object, no view ops.
+
+Compiled once per ``DecodeConfig`` (variant, dtype, h_q, s_q, page size, causal, h_kv) against
+symbolic batch size, page count, plan size and strides, so a serving engine pays the compile once
+per model configuration, not per batch shape; compiled entries are kept on disk across processes
+(``pipelines.cache``), keyed by that configuration under a fingerprint of the kernel sources and
+the toolchain (``namespace``).
 """
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import os
+import pathlib
+import platform
+import sys
 import threading
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # never default to another arch when compiling without a GPU
 
+import cuda.bindings.driver as cuda  # noqa: E402
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
-from cutlass.cute.runtime import from_dlpack, make_fake_tensor  # noqa: E402
+from cutlass.cute.runtime import make_fake_tensor  # noqa: E402
 
+from pipelines.cache import KernelCache, default_root, disk_cache_enabled  # noqa: E402
 from pipelines.heads import group_queries  # noqa: E402
 
-_LOCK = threading.Lock()
-_CACHE: dict = {}
-
+HEAD_DIM = 576
+HEAD_DIM_V = 512
 DTYPES = {"bfloat16": cutlass.BFloat16, "float16": cutlass.Float16}
+TVM_FFI_OPTION = "--enable-tvm-ffi"
+# The compiled entry's parameters, named as the API names them: TVM-FFI's own argument checks
+# (dtype, rank, static extents, shared batch size, device, alignment) quote these names.
+ENTRY_PARAMS = ("q", "k_cache", "block_table", "cache_seqlens", "tile_scheduler_metadata", "num_splits", "out",
+                "lse", "workspace", "softmax_scale")
+
+_PACKAGE_DIRS = (pathlib.Path(__file__).resolve().parent,
+                 pathlib.Path(__file__).resolve().parent.parent / "split_k")
+# CUTE_DSL_* variables that do not change generated code (paths, logging, the DSL's own caches);
+# every other one is part of the namespace, so a knob that does change code never reuses an entry.
+_ENV_NOT_IN_KEY = ("CUTE_DSL_CACHE_DIR", "CUTE_DSL_LOG_LEVEL", "CUTE_DSL_LOG_TO_CONSOLE", "CUTE_DSL_LOG_TO_FILE",
+                   "CUTE_DSL_DISABLE_FILE_CACHING", "CUTE_DSL_JIT_CACHE_MAX_ELEMS", "CUTE_DSL_LIBS")
 
 
 def _cute_dtype(name: str):
@@ -30,6 +57,11 @@ def _cute_dtype(name: str):
         raise TypeError(f"dtype must be one of {sorted(DTYPES)}, got {name!r}") from None
 
 
+def dtype_name(dtype) -> str:
+    """``torch.bfloat16`` / ``"bfloat16"`` -> ``"bfloat16"``."""
+    return str(dtype).replace("torch.", "")
+
+
 def _kernel_class(variant: str):
     if variant == "2wg":
         from pipelines.variant_2wg import MLADecode2WG
@@ -37,88 +69,235 @@ def _kernel_class(variant: str):
     raise NotImplementedError(f"pipeline {variant!r} has no kernel yet")
 
 
+@dataclasses.dataclass(frozen=True)
+class DecodeConfig:
+    """Everything a compiled decode entry is specialised on. Build it with ``DecodeConfig.make``,
+    which normalises (``causal`` only exists for ``s_q > 1``: one kernel for s_q = 1)."""
+    variant: str
+    dtype: str
+    num_heads_q: int
+    seqlen_q: int
+    page_size: int
+    causal: bool
+    num_heads_k: int = 1
+
+    @classmethod
+    def make(cls, variant: str, dtype, num_heads_q: int, seqlen_q: int, page_size: int, causal: bool,
+             num_heads_k: int = 1) -> "DecodeConfig":
+        return cls(variant, dtype_name(dtype), int(num_heads_q), int(seqlen_q), int(page_size),
+                   bool(causal) and seqlen_q > 1, int(num_heads_k))
+
+    @property
+    def rows(self) -> int:
+        """Workspace rows per request: out's rows ``s_idx * h_q + head``, every kv head together."""
+        return self.num_heads_q * self.seqlen_q
+
+    def key(self) -> tuple:
+        return ("decode",) + dataclasses.astuple(self)
+
+    def label(self) -> str:
+        causal = " causal" if self.causal else ""
+        return (f"{self.variant} {self.dtype} h_q={self.num_heads_q} s_q={self.seqlen_q} h_kv={self.num_heads_k} "
+                f"page={self.page_size}{causal}")
+
+
+# ----------------------------------------------------------------------------- fake arguments
+
 def _fake(dtype, rank: int, stride_div: int = 1):
-    """Fake tensor matching what ``_view`` passes at run time: every extent and every stride but the
-    unit one symbolic. The compiled function reads its tensor arguments as descriptors of exactly
-    this dynamic/static pattern, so a static extent here would misread the runtime descriptor.
-    ``stride_div`` (elements) is the alignment promised for the non-unit strides (16 B for TMA)."""
+    """Fully symbolic fake tensor (every extent and every non-unit stride), for the standalone
+    kernel compiles of ``compile_decode``/``compile_merge``. ``stride_div`` (elements) is the
+    alignment promised for the non-unit strides (16 B for TMA)."""
     shape = tuple(cute.sym_int32() for _ in range(rank))
     stride = tuple(cute.sym_int64(divisibility=stride_div) for _ in range(rank - 1)) + (1,)
     return make_fake_tensor(dtype, shape, stride, assumed_align=16)
 
 
-def _cached_compile(key, build):
-    """Compile once per key: ``build()`` returns ``(kernel object, fake args)``."""
-    with _LOCK:
-        fn = _CACHE.get(key)
-        if fn is None:
-            obj, args = build()
-            options = key[-1]
-            fn = cute.compile(obj, *args) if options is None else cute.compile(obj, *args, options=options)
-            _CACHE[key] = fn
-        return fn
+def entry_args(config: DecodeConfig) -> tuple:
+    """Fake arguments of ``DecodeEntry`` for ``config``, in ``ENTRY_PARAMS`` order.
 
+    Extents fixed by the configuration are static (s_q, h_q, h_kv, page size, head dims) and the
+    batch size is one symbol shared by every tensor that has it, so TVM-FFI's argument decoding
+    rejects a tensor that does not match the compiled configuration before any launch. Non-unit
+    strides of q, k_cache and out are symbolic multiples of 8 elements (16 B, what TMA needs);
+    lse and tile_scheduler_metadata are contiguous (static strides). The int32 tensors and lse are
+    only read or written one element at a time, so they promise no more than element alignment.
+    """
+    c = config
+    cdt = _cute_dtype(c.dtype)
+    i32, f32 = cutlass.Int32, cutlass.Float32
+    b = cute.sym_int32()
+
+    def s8():
+        return cute.sym_int64(divisibility=8)
+
+    rows_per_kv = c.rows // c.num_heads_k
+    q_shape = ((b, c.seqlen_q, c.num_heads_q, HEAD_DIM) if c.num_heads_k == 1
+               else (b, c.num_heads_k, rows_per_kv, HEAD_DIM))  # the grouped copy (pipelines/heads.py)
+    return (
+        make_fake_tensor(cdt, q_shape, (s8(), s8(), s8(), 1), assumed_align=16),
+        make_fake_tensor(cdt, (cute.sym_int32(), c.page_size, c.num_heads_k, HEAD_DIM), (s8(), s8(), s8(), 1),
+                         assumed_align=16),
+        make_fake_tensor(i32, (b, cute.sym_int32()), (cute.sym_int64(), 1), assumed_align=4),
+        make_fake_tensor(i32, (b,), (1,), assumed_align=4),
+        make_fake_tensor(i32, (cute.sym_int32(), 8), (8, 1), assumed_align=4),
+        make_fake_tensor(i32, (cute.sym_int32(),), (1,), assumed_align=4),
+        make_fake_tensor(cdt, (b, c.seqlen_q, c.num_heads_q, HEAD_DIM_V), (s8(), s8(), s8(), 1), assumed_align=16),
+        make_fake_tensor(f32, (b, c.num_heads_q, c.seqlen_q), (c.num_heads_q * c.seqlen_q, c.seqlen_q, 1),
+                         assumed_align=4),
+        make_fake_tensor(f32, (cute.sym_int32(),), (1,), assumed_align=16),
+        f32(1.0),
+        cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
+    )
+
+
+# --------------------------------------------------------------------------------- the entry
+
+class DecodeEntry:
+    """The compiled host function of one ``DecodeConfig``: decode kernel, then split-kv merge.
+
+    ``workspace`` is one fp32 buffer of ``workspace_numel`` elements (docs/interfaces.md,
+    "Workspace"): ``o_accum [n, rows, 512]`` followed by ``lse_accum [n, rows]``, with
+    ``n = b + num_parts`` (``b`` from q, ``num_parts`` from tile_scheduler_metadata). One buffer
+    is one allocation per eager ``flash_mla_with_kvcache`` call instead of two.
+    """
+
+    def __init__(self, config: DecodeConfig):
+        from split_k.merge_kernel import SplitMerge
+        c = config
+        cdt = _cute_dtype(c.dtype)
+        self.rows = c.rows
+        self.decode = _kernel_class(c.variant)(cdt, c.num_heads_q, c.seqlen_q, c.page_size, c.causal, c.num_heads_k)
+        self.merge = SplitMerge(cdt, c.num_heads_q, c.seqlen_q)
+
+    @cute.jit
+    def __call__(self, q: cute.Tensor, k_cache: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,
+                 tile_scheduler_metadata: cute.Tensor, num_splits: cute.Tensor, out: cute.Tensor, lse: cute.Tensor,
+                 workspace: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
+        rows = self.rows
+        n = tile_scheduler_metadata.shape[0] + q.shape[0]  # b + num_parts: bounds num_splits[b]
+        o_accum = cute.make_tensor(workspace.iterator, cute.make_layout(
+            (n, rows, HEAD_DIM_V), stride=(rows * HEAD_DIM_V, HEAD_DIM_V, 1)))
+        lse_accum = cute.make_tensor(workspace.iterator + n * (rows * HEAD_DIM_V), cute.make_layout(
+            (n, rows), stride=(rows, 1)))
+        self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
+                    o_accum, lse_accum, softmax_scale, stream)
+        # Second stage: requests with one chunk were written by the main kernel; the merge skips them.
+        self.merge(o_accum, lse_accum, num_splits, out, lse, stream)
+
+
+def workspace_numel(batch_size: int, num_parts: int, rows: int) -> int:
+    """fp32 elements of ``DecodeEntry``'s workspace: ``(b + num_parts) * rows * (512 + 1)``."""
+    return (batch_size + num_parts) * rows * (HEAD_DIM_V + 1)
+
+
+def compile_entry(config: DecodeConfig, options: str | None = None):
+    """``cute.compile`` of ``DecodeEntry(config)`` with TVM-FFI (seconds; the cache calls this once)."""
+    opts = TVM_FFI_OPTION if not options else f"{TVM_FFI_OPTION} {options}"
+    return cute.compile(DecodeEntry(config), *entry_args(config), options=opts)
+
+
+# ------------------------------------------------------------------------------- the cache
+
+def namespace_info() -> dict:
+    """Everything besides the configuration that changes compiled code: the sources of the
+    kernels (every .py of pipelines/ and split_k/), the DSL, TVM-FFI and Python versions, the
+    machine, the target arch and the DSL's code-affecting environment variables."""
+    import tvm_ffi
+
+    sources = hashlib.sha256()
+    for directory in _PACKAGE_DIRS:
+        for path in sorted(directory.glob("*.py")):
+            sources.update(f"{directory.name}/{path.name}\0".encode())
+            sources.update(path.read_bytes())
+            sources.update(b"\0")
+    env = {k: v for k, v in sorted(os.environ.items()) if k.startswith("CUTE_DSL_") and k not in _ENV_NOT_IN_KEY}
+    return {
+        "sources_sha256": sources.hexdigest(),
+        "cutlass_dsl": getattr(cutlass, "__version__", "unknown"),
+        "tvm_ffi": getattr(tvm_ffi, "__version__", "unknown"),
+        "python": f"{sys.implementation.name}-{sys.version_info[0]}.{sys.version_info[1]}",
+        "machine": f"{sys.platform}-{platform.machine()}",
+        "arch": os.environ.get("CUTE_DSL_ARCH", ""),
+        "env": env,
+        "options": TVM_FFI_OPTION,
+    }
+
+
+def namespace(info: dict | None = None) -> str:
+    """Directory name of this toolchain + sources under the cache root (24 hex digits of sha256)."""
+    info = namespace_info() if info is None else info
+    return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:24]
+
+
+_CACHE: KernelCache | None = None
+_CACHE_LOCK = threading.Lock()
+
+
+def kernel_cache() -> KernelCache:
+    """The process's kernel cache, created on first use from ``MLA_CACHE_DIR`` / ``MLA_DISK_CACHE``."""
+    global _CACHE
+    cache = _CACHE
+    if cache is None:
+        with _CACHE_LOCK:
+            if _CACHE is None:
+                info = namespace_info()
+                root = default_root() if disk_cache_enabled() else None
+                _CACHE = KernelCache(root, namespace(info), info=info)
+            cache = _CACHE
+    return cache
+
+
+def reset_kernel_cache() -> None:
+    """Drop the process's cache object (the next use re-reads the environment); disk entries stay."""
+    global _CACHE
+    with _CACHE_LOCK:
+        _CACHE = None
+
+
+def lookup_entry(config: DecodeConfig):
+    """``pipelines.cache.Lookup`` of the compiled entry of ``config`` (memory, disk or compiled now)."""
+    return kernel_cache().lookup(config.key(), lambda: compile_entry(config))
+
+
+def decode_launcher(config: DecodeConfig):
+    """Callable ``(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out,
+    lse, workspace, softmax_scale)`` launching the decode of ``config`` on the current torch stream.
+
+    With one kv head it is the compiled TVM-FFI function itself; with several it first copies q into
+    the per-kv-head grouping the kernel reads (``pipelines.heads.group_queries``).
+    """
+    fn = kernel_cache().get(config.key(), lambda: compile_entry(config))
+    if config.num_heads_k == 1:
+        return fn
+    h_kv = config.num_heads_k
+
+    def launch(q, *args):
+        fn(group_queries(q, h_kv), *args)
+
+    return launch
+
+
+# ------------------------------------------------------- standalone kernels (compile_check)
 
 def compile_decode(variant: str, dtype: str, num_heads: int, seqlen_q: int, page_size: int, causal: bool,
                    num_heads_k: int = 1, options: str | None = None):
-    """Compile (or fetch from the cache) the decode kernel for one static configuration."""
-    causal = bool(causal) and seqlen_q > 1  # causal changes nothing for one query token: one kernel
-
-    def build():
-        cdt = _cute_dtype(dtype)
-        kernel = _kernel_class(variant)(cdt, num_heads, seqlen_q, page_size, causal, num_heads_k)
-        i32, f32 = cutlass.Int32, cutlass.Float32
-        args = (
-            _fake(cdt, 4, 8),  # q [b, s_q, h_q, 576], or [b, h_kv, rows, 576] grouped (h_kv > 1)
-            _fake(cdt, 4, 8),  # k [pages, page_size, h_kv, 576]
-            _fake(i32, 2),  # block_table [b, max_pages]
-            _fake(i32, 1),  # seqlens [b]
-            _fake(i32, 2),  # metadata [parts, 8]
-            _fake(i32, 1),  # num_splits [b + 1]
-            _fake(cdt, 4, 8),  # out [b, s_q, h_q, 512]
-            _fake(f32, 3),  # lse [b, h_q, s_q]
-            _fake(f32, 3, 8),  # o_accum [splits, s_q * h_q, 512]
-            _fake(f32, 2),  # lse_accum [splits, s_q * h_q]
-            f32(1.0),
-            cute.runtime.make_fake_stream(),
-        )
-        return kernel, args
-
-    return _cached_compile((variant, dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, options), build)
+    """The decode kernel alone (no TVM-FFI, no cache), for ``python -m mla.compile_check``'s SASS."""
+    c = DecodeConfig.make(variant, dtype, num_heads, seqlen_q, page_size, causal, num_heads_k)
+    cdt = _cute_dtype(c.dtype)
+    kernel = _kernel_class(variant)(cdt, num_heads, seqlen_q, page_size, c.causal, num_heads_k)
+    i32, f32 = cutlass.Int32, cutlass.Float32
+    args = (_fake(cdt, 4, 8), _fake(cdt, 4, 8), _fake(i32, 2), _fake(i32, 1), _fake(i32, 2), _fake(i32, 1),
+            _fake(cdt, 4, 8), _fake(f32, 3), _fake(f32, 3, 8), _fake(f32, 2), f32(1.0),
+            cute.runtime.make_fake_stream())
+    return cute.compile(kernel, *args) if options is None else cute.compile(kernel, *args, options=options)
 
 
 def compile_merge(dtype: str, num_heads: int, seqlen_q: int, options: str | None = None):
-    """Compile (or fetch) the split-kv merge kernel for one (dtype, h_q, s_q)."""
-    def build():
-        from split_k.merge_kernel import SplitMerge
-        cdt = _cute_dtype(dtype)
-        f32 = cutlass.Float32
-        args = (_fake(f32, 3, 8), _fake(f32, 2), _fake(cutlass.Int32, 1), _fake(cdt, 4, 8), _fake(f32, 3),
-                cute.runtime.make_fake_stream())
-        return SplitMerge(cdt, num_heads, seqlen_q), args
-
-    return _cached_compile(("merge", dtype, num_heads, seqlen_q, options), build)
-
-
-def _view(t):
-    return from_dlpack(t, assumed_align=16).mark_layout_dynamic(leading_dim=t.dim() - 1)
-
-
-def launch_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out,
-                  lse, o_accum, lse_accum, softmax_scale, causal):
-    import torch
-    from cuda.bindings import driver as cuda
-
-    s_q, h_q = q.shape[1], q.shape[2]
-    h_kv = k_cache.shape[2]
-    dtype = str(q.dtype).replace("torch.", "")
-    fn = compile_decode(variant, dtype, h_q, s_q, k_cache.shape[1], causal, h_kv)
-    merge = compile_merge(dtype, h_q, s_q)
-    q = group_queries(q, h_kv)  # a copy only when h_kv > 1 (pipelines/heads.py says why)
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    num_splits_v, out_v, lse_v, o_accum_v, lse_accum_v = (
-        _view(num_splits), _view(out), _view(lse), _view(o_accum), _view(lse_accum))
-    fn(_view(q), _view(k_cache), _view(block_table), _view(cache_seqlens), _view(tile_scheduler_metadata),
-       num_splits_v, out_v, lse_v, o_accum_v, lse_accum_v, cutlass.Float32(softmax_scale), stream)
-    # Second stage: requests with one chunk were written by the main kernel; the merge kernel skips them.
-    merge(o_accum_v, lse_accum_v, num_splits_v, out_v, lse_v, stream)
+    """The split-kv merge kernel alone, for ``python -m mla.compile_check``."""
+    from split_k.merge_kernel import SplitMerge
+    cdt = _cute_dtype(dtype)
+    f32 = cutlass.Float32
+    args = (_fake(f32, 3, 8), _fake(f32, 2), _fake(cutlass.Int32, 1), _fake(cdt, 4, 8), _fake(f32, 3),
+            cute.runtime.make_fake_stream())
+    kernel = SplitMerge(cdt, num_heads, seqlen_q)
+    return cute.compile(kernel, *args) if options is None else cute.compile(kernel, *args, options=options)

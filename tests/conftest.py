@@ -2,14 +2,17 @@
 
 - ``@pytest.mark.gpu`` tests are skipped, with the reason, unless a Hopper (sm_90) GPU is usable.
 - ``fake_kernel``: makes the kernel path runnable on the CPU, for testing the API glue (validation
-  order, planning, allocation, what reaches ``pipelines.run_decode``) without a GPU. It marks the
+  order, planning, allocation, what reaches the compiled launch) without a GPU. It marks the
   pipelines as available with fixed page sizes, lets the kernel path accept CPU tensors, and replaces
-  ``pipelines.run_decode`` with the contract's executable model (``split_decode_reference``),
-  recording every call.
+  ``pipelines.decode_launcher`` with launchers running the contract's executable model
+  (``split_decode_reference``), recording every configuration asked for and every call.
+- Every test starts with the API's signature caches empty (``mla.api.clear_caches``): the fixtures
+  change the pipeline registry, which the caches assume fixed for a process.
 """
 from __future__ import annotations
 
 import pytest
+import torch
 
 import pipelines
 from mla import validate
@@ -29,23 +32,57 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def workspace_views(workspace, batch_size: int, num_parts: int, rows: int):
+    """``(o_accum [n, rows, 512], lse_accum [n, rows])`` of the one-buffer workspace, n = b + parts
+    (docs/interfaces.md, "Workspace")."""
+    n = batch_size + num_parts
+    o_accum = workspace[: n * rows * 512].view(n, rows, 512)
+    lse_accum = workspace[n * rows * 512: n * rows * 513].view(n, rows)
+    return o_accum, lse_accum
+
+
 class FakeKernel:
-    """Stands in for ``pipelines.run_decode``: checks the buffers it is handed and fills out/lse by
-    executing the split plan with the reference."""
+    """Stands in for ``pipelines.decode_launcher``: each launcher it hands out checks the buffers it
+    is given and fills out/lse (and the workspace partials) by executing the split plan with the
+    reference. ``configs`` lists the configurations asked for, ``calls`` every launch."""
 
     def __init__(self):
+        self.configs: list[tuple] = []
         self.calls: list[dict] = []
 
-    def __call__(self, variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
-                 out, lse, o_accum, lse_accum, softmax_scale, causal):
-        self.calls.append(dict(variant=variant, q=q, tile_scheduler_metadata=tile_scheduler_metadata,
-                               num_splits=num_splits, out=out, lse=lse, o_accum=o_accum, lse_accum=lse_accum,
-                               softmax_scale=softmax_scale, causal=causal))
-        ref_out, ref_lse, _, _ = split_decode_reference(q, k_cache, block_table, cache_seqlens,
-                                                        tile_scheduler_metadata, num_splits,
-                                                        softmax_scale=softmax_scale, causal=causal)
-        out.copy_(ref_out)
-        lse.copy_(ref_lse)
+    def __call__(self, variant, dtype, num_heads_q, seqlen_q, page_size, causal, num_heads_k=1):
+        causal = bool(causal) and seqlen_q > 1  # as pipelines.launch.DecodeConfig normalises it
+        self.configs.append((variant, dtype, num_heads_q, seqlen_q, page_size, causal, num_heads_k))
+
+        def launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
+                   softmax_scale):
+            b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
+            assert (q.dtype, s_q, h_q, k_cache.shape[1], k_cache.shape[2]) == (dtype, seqlen_q, num_heads_q,
+                                                                               page_size, num_heads_k)
+            parts = tile_scheduler_metadata.shape[0]
+            assert workspace.dtype == torch.float32 and workspace.numel() >= pipelines.workspace_numel(
+                b, parts, s_q * h_q)
+            o_accum, lse_accum = workspace_views(workspace, b, parts, s_q * h_q)
+            self.calls.append(dict(variant=variant, q=q, tile_scheduler_metadata=tile_scheduler_metadata,
+                                   num_splits=num_splits, out=out, lse=lse, workspace=workspace, o_accum=o_accum,
+                                   lse_accum=lse_accum, softmax_scale=softmax_scale, causal=causal))
+            ref_out, ref_lse, ref_oacc, ref_lacc = split_decode_reference(
+                q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
+                softmax_scale=softmax_scale, causal=causal)
+            out.copy_(ref_out)
+            lse.copy_(ref_lse)
+            o_accum.copy_(ref_oacc)
+            lse_accum.copy_(ref_lacc)
+
+        return launch
+
+
+@pytest.fixture(autouse=True)
+def _fresh_signature_caches():
+    import mla.api
+    mla.api.clear_caches()
+    yield
+    mla.api.clear_caches()
 
 
 @pytest.fixture
@@ -53,7 +90,7 @@ def fake_kernel(monkeypatch):
     kernel = FakeKernel()
     monkeypatch.setattr(pipelines, "available_variants", lambda: list(FAKE_PAGE_SIZES))
     monkeypatch.setattr(pipelines, "supported_page_sizes", lambda variant: FAKE_PAGE_SIZES[variant])
-    monkeypatch.setattr(pipelines, "run_decode", kernel)
+    monkeypatch.setattr(pipelines, "decode_launcher", kernel)
     monkeypatch.setattr(validate, "KERNEL_DEVICE_TYPE", "cpu")
     monkeypatch.delenv("MLA_PIPELINE", raising=False)
     return kernel

@@ -1,5 +1,6 @@
 """Public API on the CPU: pipeline flag, validation (each bad input gets its error), metadata forms,
-and the glue to ``pipelines.run_decode`` (through the ``fake_kernel`` fixture of conftest.py)."""
+and the glue to the compiled launch (``pipelines.decode_launcher``, through the ``fake_kernel``
+fixture of conftest.py), including the per-signature check caches."""
 from __future__ import annotations
 
 import pytest
@@ -400,7 +401,7 @@ class TestMLADecoder:
         _, lse2 = dec.run(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, out=out)
         assert lse1 is lse2  # the decoder's own lse buffer when none is given
         a, b = fake_kernel.calls
-        for key in ("o_accum", "lse_accum", "tile_scheduler_metadata", "num_splits", "lse"):
+        for key in ("workspace", "tile_scheduler_metadata", "num_splits", "lse"):
             assert a[key] is b[key]
         my_lse = torch.empty(3, 16, 1)
         assert dec.run(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, out=out, lse=my_lse)[1] is my_lse
@@ -408,18 +409,18 @@ class TestMLADecoder:
     def test_replan_keeps_buffer_addresses_for_graph_replay(self, fake_kernel):
         prob = problem(seqlens=(100, 0, 300))
         dec = self.plan(prob)
-        buffers = [dec.tile_scheduler_metadata, dec.num_splits, dec._o_accum, dec._lse_accum, dec._lse]
+        buffers = [dec.tile_scheduler_metadata, dec.num_splits, dec._workspace, dec._lse]
         ptrs = [t.data_ptr() for t in buffers]
         new = problem(seqlens=(4000, 10, 1))
         self.plan(new, dec)
-        assert [t.data_ptr() for t in (dec.tile_scheduler_metadata, dec.num_splits, dec._o_accum,
-                                       dec._lse_accum, dec._lse)] == ptrs
+        assert [t.data_ptr() for t in (dec.tile_scheduler_metadata, dec.num_splits, dec._workspace,
+                                       dec._lse)] == ptrs
         assert torch.equal(dec.tile_scheduler_metadata, planner.plan([4000, 10, 1], NUM_SMS)[0])
         out, lse = dec.run(new.q, new.k_cache, new.block_table, new.cache_seqlens)
         torch.testing.assert_close(lse, mla_decode_reference(new.q, new.k_cache, new.block_table,
                                                              new.cache_seqlens)[1])
         self.plan(problem(seqlens=(5, 5)), dec)  # another batch size: new buffers
-        assert dec._o_accum.shape[0] == 2 + NUM_SMS
+        assert dec._workspace.shape[0] == pipelines.workspace_numel(2, NUM_SMS, 16)
 
     def test_run_before_plan(self, fake_kernel):
         prob = problem()

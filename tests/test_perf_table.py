@@ -235,12 +235,15 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, monkeypatch, tmp_path, capsy
 
     launched = []
 
-    def run_decode(variant, q, *args):
-        if q.shape[2] == 32:
+    def decode_launcher(variant, dtype, num_heads_q, *config):
+        if num_heads_q == 32:
             raise RuntimeError("no kernel for h_q 32")
-        launched.append((variant, tuple(q.shape)))
 
-    monkeypatch.setattr(pipelines, "run_decode", run_decode)
+        def launch(q, *args):
+            launched.append((variant, tuple(q.shape)))
+        return launch
+
+    monkeypatch.setattr(pipelines, "decode_launcher", decode_launcher)
     monkeypatch.setattr(grid, "_QUICK_SMALL_PAGES", ((2, 1, 16, 100, False), (3, 2, 32, 70, False)))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
@@ -250,12 +253,17 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, monkeypatch, tmp_path, capsy
     make_inputs = bench.make_inputs
     monkeypatch.setattr(bench, "make_inputs", lambda cfg, seed: make_inputs(cfg, device="cpu", seed=seed))
     monkeypatch.setattr(bench, "time_graph", lambda fn, replays, warmup: (fn(), [10.0] * replays)[1])
+    eager_calls = []
+    monkeypatch.setattr(bench, "time_eager", lambda fn, calls, warmup, rounds: (
+        eager_calls.append((calls, warmup, rounds)), fn(), 7.0 + len(eager_calls))[2])
     monkeypatch.setattr(bench, "cuda_healthy", lambda: True)
 
     rc = runner.main(quick=True, pipeline="3wg", page_sizes=[16], out=str(tmp_path), replays=100, commit="abc1234")
     assert rc == 1  # one config failed
     (out,) = tmp_path.glob("nvidia-h200_20*-*-*_abc1234_quick.json")  # --out DIR: the usual name inside
-    assert launched == [("3wg", (2, 1, 16, 576))]
+    # One graph capture's call and the two eager timings' calls (quick runs time eager calls).
+    assert launched == [("3wg", (2, 1, 16, 576))] * 3
+    assert eager_calls == [(300, 20, 3)] * 2
     record = json.loads(out.read_text())
     assert record["complete"] is True and record["mode"] == "quick"
     assert record["git"] == {"commit": "abc1234", "short": "abc1234", "dirty": None}
@@ -264,9 +272,41 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, monkeypatch, tmp_path, capsy
     assert record["versions"]["cutlass_dsl"] and record["versions"]["torch"] == torch.__version__
     ok, failed = record["rows"]
     assert (ok["pipeline"], ok["page_size"], ok["b"], ok["us"], ok["replays"]) == ("3wg", 16, 2, 10.0, 100)
+    assert (ok["eager_run_us"], ok["eager_flash_us"]) == (8.0, 9.0)
+    assert record["timing"]["eager_calls"] == 300 and "flash_mla_with_kvcache" in record["timing"]["eager"]
     assert failed["error"] == "RuntimeError: no kernel for h_q 32" and failed["causal"] is True
     printed = capsys.readouterr().out
     assert "2 configs (quick)" in printed and "FAILED RuntimeError: no kernel for h_q 32" in printed
+
+
+def test_time_eager_is_wall_time_per_call_after_warmup():
+    """300 calls between two clock reads that bracket a final synchronize; warm-up calls untimed."""
+    events = []
+    ticks = iter([0.0, 600e-6, 1.0, 1.0 + 900e-6, 2.0, 2.0 + 750e-6])
+
+    def clock():
+        events.append("clock")
+        return next(ticks)
+
+    us = bench.time_eager(lambda: events.append("call"), calls=300, warmup=5, rounds=3, clock=clock,
+                          synchronize=lambda: events.append("sync"))
+    assert us == pytest.approx(2.5)  # median of 2.0, 3.0, 2.5 us per call
+    assert events[:6] == ["call"] * 5 + ["sync"]
+    assert events[6] == "clock" and events[7:307] == ["call"] * 300 and events[307:309] == ["sync", "clock"]
+    assert events.count("call") == 5 + 3 * 300
+
+
+def test_flash_fn_computes_the_metadata_once(fake_kernel):
+    import mla
+
+    cfg = Config(64, 2, 1, 16, 100)
+    inp = bench.make_inputs(cfg, device="cpu")
+    call = bench.make_flash_fn(mla, "2wg", cfg, inp, num_sms=8)
+    call()
+    call()
+    a, b = fake_kernel.calls
+    assert a["tile_scheduler_metadata"] is b["tile_scheduler_metadata"]
+    assert a["out"] is not b["out"]  # allocated per call, as FlashMLA's callers do
 
 
 def test_cli_refuses_without_a_gpu():
@@ -300,11 +340,12 @@ def test_regenerate_from_fixture(fixture_results, tmp_path):
     # replaces the full run's 250 us), anchors side by side, the failure visible.
     assert readme.index("## NVIDIA H100 80GB HBM3") < readme.index("## NVIDIA H200")
     for line in [
-        "| 128 | 1 | 128 | 4096 | 2wg | 220.0 | 2907 | 663.8 | 94.8 | compute | 224.1 | 1.02 | 273.7 | 1.24 | 2222222 |",
-        "| 1 | 1 | 16 | 1024 | 2wg | 15.0 | 81 | 2.4 | 2.0 | memory | 14.1 | 0.94 | 17.1 | 1.14 | 1111111 |",
-        "| 128 | 2 | 128 | 4096 | 2wg | FAILED | - | - | - | - | 435.4 | - | 541.2 | - | 1111111 |",
-        "| 128 | 1 | 128 | 16384 varlen | 2wg | 1000.0 | 2438 | 580.7 | 83.0 | compute | 1007.0 | 1.01 | - | - | 1111111 |",
+        "| 128 | 1 | 128 | 4096 | 2wg | 220.0 | 221.3 | 223.9 | 2907 | 663.8 | 94.8 | compute | 224.1 | 1.02 | 273.7 | 1.24 | 2222222 |",
+        "| 1 | 1 | 16 | 1024 | 2wg | 15.0 | - | - | 81 | 2.4 | 2.0 | memory | 14.1 | 0.94 | 17.1 | 1.14 | 1111111 |",
+        "| 128 | 2 | 128 | 4096 | 2wg | FAILED | - | - | - | - | - | - | 435.4 | - | 541.2 | - | 1111111 |",
+        "| 128 | 1 | 128 | 16384 varlen | 2wg | 1000.0 | - | - | 2438 | 580.7 | 83.0 | compute | 1007.0 | 1.01 | - | - | 1111111 |",
         # page 1: FlashInfer's page-1 anchor only (FlashMLA has none at that page size)
+        # (no eager columns: no row of this table has eager times)
         "| b | s_q | h_q | seqlen | pipeline | us | GB/s | TFLOP/s | % roofline | bound | FlashInfer us | xFlashInfer | run |",
         "| 1 | 1 | 128 | 16384 | 2wg | 40.0 | 479 | 114.1 | 16.3 | compute | 37.6 | 0.94 | 1111111 |",
         "| 8 | 1 | 64 | 4096 | 2wg | 30.0 | 1295 | 152.1 | 43.2 | memory | 32.1 | 1.07 | 3333333 |",
@@ -324,6 +365,9 @@ def test_regenerate_from_fixture(fixture_results, tmp_path):
     superseded = by_us[("perf_h200_full.json", "250.00")]
     assert superseded["FlashMLA_us"] == "224.1" and superseded["xFlashMLA"] == "0.896"
     assert superseded["roofline_pct"] == "83.45" and superseded["bound"] == "compute"
+    assert by_us[("perf_h200_quick.json", "220.00")]["eager_run_us"] == "221.30"
+    assert by_us[("perf_h200_quick.json", "220.00")]["eager_flash_us"] == "223.90"
+    assert superseded["eager_run_us"] == ""  # a run without eager times
     failed = [r for r in rows if r["error"]]
     assert len(failed) == 1 and failed[0]["us"] == "" and failed[0]["xFlashMLA"] == ""
     assert failed[0]["error"].startswith("RuntimeError: kernel exploded\n")

@@ -1,0 +1,84 @@
+"""``torch.ops.mla.decode``: the decode as a torch custom op, for ``torch.compile`` and CUDA graphs.
+
+Schema::
+
+    mla::decode(Tensor q, Tensor k_cache, Tensor block_table, Tensor cache_seqlens,
+                Tensor tile_scheduler_metadata, Tensor num_splits, Tensor(a!) out, Tensor(b!) lse,
+                Tensor(c!) workspace, float softmax_scale, bool causal, str pipeline) -> ()
+
+It writes ``out [b, s_q, h_q, 512]`` (q's dtype), ``lse [b, h_q, s_q]`` (fp32, contiguous) and the
+split-kv ``workspace`` (fp32, 1-D, ``pipelines.workspace_numel(b, num_parts, s_q * h_q)``
+elements) and returns nothing: the outputs are the caller's buffers, which is what a CUDA graph
+and an engine's preallocated outputs want. The other arguments are those of
+``mla.flash_mla_with_kvcache`` (metadata from ``get_mla_metadata``); ``pipeline`` is ``"auto"``,
+``"2wg"`` or ``"3wg"``.
+
+``mla.flash_mla_with_kvcache`` and ``mla.MLADecoder.run`` call it when traced by
+``torch.compile``, so a model step calling the API compiles with ``fullgraph=True``; eagerly they
+launch directly (the dispatcher would add its own per-call cost). Its checks are the API's, cached
+per signature the same way, except the block_table width against the longest sequence: that needs
+the plan's host-side lengths, which the op does not see (the API checks it before calling the op).
+The fake implementation runs the same checks on fake tensors, so a bad call fails at trace time
+with the same ``ValueError``/``TypeError``.
+"""
+from __future__ import annotations
+
+import torch
+
+import pipelines
+
+from . import api, validate
+from .reference import HEAD_DIM_V
+
+_CALLS: dict = {}
+
+
+def clear_caches() -> None:
+    _CALLS.clear()
+
+
+def _check(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
+           softmax_scale, causal, pipeline, *, launcher: bool, device_type=validate.KERNEL_DEVICE_TYPE):
+    variant = api.resolve_pipeline(pipeline)
+    api.require_kernel(variant)
+    shape = validate.check_decode_inputs(q, k_cache, block_table, cache_seqlens, HEAD_DIM_V, softmax_scale, causal,
+                                         out=out, lse=lse, device_type=device_type)
+    if out is None or lse is None:  # the schema has them as tensors; a direct Python call might not
+        raise TypeError(f"{'out' if out is None else 'lse'} must be a torch.Tensor, got NoneType")
+    api._check_kernel_shape(shape, variant)
+    validate.check_metadata(tile_scheduler_metadata, num_splits, shape.batch_size, shape.device)
+    validate.check_workspace(workspace, api._workspace_numel(shape, tile_scheduler_metadata.shape[0]), shape.device)
+    return api._launcher(variant, shape) if launcher else None
+
+
+@torch.library.custom_op("mla::decode", mutates_args=("out", "lse", "workspace"))
+def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
+           tile_scheduler_metadata: torch.Tensor, num_splits: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+           workspace: torch.Tensor, softmax_scale: float, causal: bool, pipeline: str) -> None:
+    """MLA paged decode into ``out``/``lse`` (module docstring)."""
+    args = (q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace)
+    try:
+        key = (tuple(api._sig(t) for t in args), type(softmax_scale), softmax_scale, type(causal), causal, pipeline,
+               api.resolve_pipeline(pipeline) if pipeline == "auto" else pipeline)
+        launch = _CALLS.get(key)
+    except (AttributeError, TypeError, ValueError):  # non-tensors, unhashables, a bad pipeline name
+        key = launch = None
+    if launch is None:
+        launch = _check(*args, softmax_scale, causal, pipeline, launcher=True)
+        if key is not None:
+            api._remember(_CALLS, key, launch)
+    if api._misaligned(q, k_cache, out, workspace):
+        api._check_kernel_alignment(q, k_cache, out, workspace)
+    launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
+           float(softmax_scale))
+
+
+@decode.register_fake
+def _decode_fake(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
+                 softmax_scale, causal, pipeline):
+    # Nothing to allocate (the outputs are the caller's); the checks make a bad traced call fail
+    # here, with the eager call's message, instead of at run time. Meta tensors stand for any
+    # device (shape inference), so only their device type is not checked.
+    device_type = None if q.device.type == "meta" else validate.KERNEL_DEVICE_TYPE
+    _check(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
+           softmax_scale, causal, pipeline, launcher=False, device_type=device_type)
