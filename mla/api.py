@@ -318,6 +318,10 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if call is None:
         call = _check_flash_call(variant, q, k_cache, block_table, cache_seqlens, head_dim_v,
                                  tile_scheduler_metadata, num_splits, softmax_scale, causal, out)
+        if key is None and isinstance(tile_scheduler_metadata, MLASchedMeta):
+            # Planned just now: later calls have this key, and these checks are theirs.
+            key = _flash_key(variant, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+                             num_splits, softmax_scale, causal, out)
         if key is not None:
             _remember(_FLASH_CALLS, key, call)
     if isinstance(tile_scheduler_metadata, MLASchedMeta):

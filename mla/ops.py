@@ -38,7 +38,8 @@ def clear_caches() -> None:
 
 
 def _check(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
-           softmax_scale, causal, pipeline, *, launcher: bool, device_type=validate.KERNEL_DEVICE_TYPE):
+           softmax_scale, causal, pipeline, *, launcher: bool, any_device: bool = False):
+    device_type = None if any_device else validate.KERNEL_DEVICE_TYPE  # read now: tests change it
     variant = api.resolve_pipeline(pipeline)
     api.require_kernel(variant)
     shape = validate.check_decode_inputs(q, k_cache, block_table, cache_seqlens, HEAD_DIM_V, softmax_scale, causal,
@@ -79,6 +80,5 @@ def _decode_fake(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata
     # Nothing to allocate (the outputs are the caller's); the checks make a bad traced call fail
     # here, with the eager call's message, instead of at run time. Meta tensors stand for any
     # device (shape inference), so only their device type is not checked.
-    device_type = None if q.device.type == "meta" else validate.KERNEL_DEVICE_TYPE
     _check(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
-           softmax_scale, causal, pipeline, launcher=False, device_type=device_type)
+           softmax_scale, causal, pipeline, launcher=False, any_device=q.device.type == "meta")
