@@ -1,0 +1,86 @@
+"""CPU: ``python -m mla.precompile`` (which configurations, and a real compile into a fresh cache
+that a second run, a new process, finds on disk)."""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from mla import precompile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def configs(argv):
+    found, skipped = precompile.plan_configs(precompile.parse_args(argv))
+    return [c.key()[1:] for c in found], skipped
+
+
+def test_every_combination_once_causal_only_where_it_exists():
+    found, skipped = configs(["--dtype", "bf16", "fp16", "bfloat16", "--heads-q", "128", "16", "--seqlen-q", "1", "2"])
+    assert skipped == []
+    assert found == [
+        ("2wg", "bfloat16", 128, 1, 64, False, 1), ("2wg", "bfloat16", 128, 2, 64, False, 1),
+        ("2wg", "bfloat16", 128, 2, 64, True, 1), ("2wg", "bfloat16", 16, 1, 64, False, 1),
+        ("2wg", "bfloat16", 16, 2, 64, False, 1), ("2wg", "bfloat16", 16, 2, 64, True, 1),
+        ("2wg", "float16", 128, 1, 64, False, 1), ("2wg", "float16", 128, 2, 64, False, 1),
+        ("2wg", "float16", 128, 2, 64, True, 1), ("2wg", "float16", 16, 1, 64, False, 1),
+        ("2wg", "float16", 16, 2, 64, False, 1), ("2wg", "float16", 16, 2, 64, True, 1),
+    ]
+    assert configs(["--seqlen-q", "2", "--causal", "yes"])[0] == [("2wg", "bfloat16", 128, 2, 64, True, 1)]
+
+
+def test_invalid_combinations_are_reported_not_compiled():
+    found, skipped = configs(["--heads-q", "256", "6", "--heads-k", "1", "4", "--seqlen-q", "1", "5",
+                              "--page-size", "64", "16"])
+    assert found == [("2wg", "bfloat16", 256, 1, 64, False, 4), ("2wg", "bfloat16", 6, 1, 64, False, 1)]
+    assert "2wg bfloat16 h_q=256 h_kv=1 s_q=1 page=64: h_q / h_kv > 128" in skipped
+    assert "2wg bfloat16 h_q=6 h_kv=4 s_q=1 page=64: h_q is not a multiple of h_kv" in skipped
+    assert "2wg bfloat16 h_q=6 h_kv=1 s_q=5 page=64: s_q > 4" in skipped
+    assert any(line.endswith("page size not supported by 2wg (64,)") for line in skipped)
+    with pytest.raises(ValueError, match="has no kernel yet"):
+        configs(["--pipeline", "3wg"])
+    with pytest.raises(ValueError, match="--pipeline must be among"):
+        configs(["--pipeline", "4wg"])
+    with pytest.raises(SystemExit):
+        precompile.parse_args(["--heads-q", "0"])
+
+
+def _run(args, cache_dir, **env):
+    env = dict(os.environ, MLA_CACHE_DIR=str(cache_dir), PYTHONPATH=str(ROOT), **env)
+    return subprocess.run([sys.executable, "-m", "mla.precompile", *args], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=900)
+
+
+def test_precompile_stores_and_a_new_process_finds_it(tmp_path):
+    args = ["--heads-q", "16", "--jobs", "1"]
+    first = _run(args, tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "1 entries into" in first.stdout and "] 1/1 2wg bfloat16 h_q=16 s_q=1 h_kv=1 page=64" in first.stdout
+    assert " compiled " in first.stdout and "1 compiled, 0 already cached, 0 failed" in first.stdout
+    (namespace,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    (obj,) = namespace.glob("*.o")
+    assert obj.stat().st_size > 10_000 and obj.with_suffix(".json").exists()
+    second = _run(args, tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert "already cached" in second.stdout and "0 compiled, 1 already cached" in second.stdout
+    listing = _run(["--list"], tmp_path)
+    assert "1 entries" in listing.stdout and "('decode', '2wg', 'bfloat16', 16, 1, 64, False, 1)" in listing.stdout
+    # A damaged entry is replaced, not loaded.
+    obj.write_bytes(obj.read_bytes()[: obj.stat().st_size // 2])
+    third = _run(args, tmp_path)
+    assert third.returncode == 0 and "replaced an entry" in third.stdout and "1 compiled" in third.stdout
+    # Stale namespaces (other sources or toolchains) are pruned, the current one kept.
+    (tmp_path / "0123456789abcdef01234567").mkdir()
+    pruned = _run(["--prune"], tmp_path)
+    assert "removed 1 stale" in pruned.stdout and sorted(p.name for p in tmp_path.iterdir()) == [namespace.name]
+
+
+def test_precompile_refuses_when_the_disk_cache_is_off(tmp_path):
+    off = _run(["--heads-q", "16"], tmp_path, MLA_DISK_CACHE="0")
+    assert off.returncode == 2 and "disk cache is off" in off.stderr
+    bad = _run(["--heads-q", "16"], tmp_path, MLA_DISK_CACHE="maybe")
+    assert bad.returncode == 2 and "MLA_DISK_CACHE must be one of" in bad.stderr
