@@ -2,8 +2,9 @@
 
     python -m mla.compile_check [--variant NAME ...] [--keep DIR]
 
-For each variant (and the split-kv merge kernel) this compiles a few static configurations with the
-CuTe DSL (``CUTE_DSL_ARCH=sm_90a``, fake tensors), disassembles the cubin with ``nvdisasm`` and
+For each variant this compiles a few static configurations of the host entry the API calls (decode
+and split-kv merge kernels, TVM-FFI; and the merge kernel alone) with the CuTe DSL
+(``CUTE_DSL_ARCH=sm_90a``, fake tensors), disassembles the cubin with ``nvdisasm`` and
 counts the instructions that show the variant is on the intended path: ``HGMMA`` (wgmma),
 ``UTMALDG`` (TMA loads), ``UTMALDG...MULTICAST``, ``USETMAXREG`` (register reallocation), ``LDGSTS``
 (cp.async) and ``LDL``/``STL`` (local memory: register spills). It exits 1 if a variant lacks an

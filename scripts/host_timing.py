@@ -1,0 +1,151 @@
+"""Host cost of a decode call, and the cold start of a new process with a warm kernel cache.
+
+    python scripts/host_timing.py eager [--calls 300] [--rounds 5] [--b 1] [--h-q 16] [--seqlen 1024]
+    python scripts/host_timing.py cold  [--b 1] [--h-q 16] [--seqlen 1024]
+
+``eager``: wall time per call of ``--calls`` back-to-back eager calls after warm-up (median of
+``--rounds``), bf16, s_q 1, page 64, on the current GPU, for: ``mla.MLADecoder.run`` (planned once,
+``out`` given), ``mla.flash_mla_with_kvcache`` (metadata from ``get_mla_metadata`` once),
+``torch.ops.mla.decode`` (the custom op called eagerly), the compiled launch alone (no checks, no
+allocation: the TVM-FFI call floor) and one CUDA graph replay of ``MLADecoder.run`` (the GPU time).
+
+``cold``: makes sure the configuration is in the kernel cache (``MLA_CACHE_DIR`` or the default),
+then starts a fresh Python process that times ``import torch, mla``, the first
+``flash_mla_with_kvcache`` call from the call to the result on the host (``torch.cuda.synchronize``),
+and a second call; it reports where the kernel came from (``disk`` expected).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def _inputs(b, h_q, seqlen):
+    from perf_table import bench
+    from perf_table.grid import Config
+
+    cfg = Config(64, b, 1, h_q, seqlen)
+    return cfg, bench.make_inputs(cfg, device="cuda", seed=0)
+
+
+def eager(args) -> int:
+    import torch
+
+    import mla
+    import pipelines
+
+    cfg, inp = _inputs(args.b, args.h_q, args.seqlen)
+    dec = mla.MLADecoder()
+    dec.plan(inp.cache_seqlens, num_heads_q=args.h_q, seq_len_q=1, page_size=64, dtype=torch.bfloat16)
+    out = torch.empty(args.b, 1, args.h_q, 512, dtype=torch.bfloat16, device="cuda")
+    meta, splits = mla.get_mla_metadata(inp.cache_seqlens, args.h_q, 1)
+    lse = torch.empty(args.b, args.h_q, 1, device="cuda")
+    ws = torch.empty(pipelines.workspace_numel(args.b, meta.shape[0], args.h_q), device="cuda")
+    launch = pipelines.decode_launcher("2wg", torch.bfloat16, args.h_q, 1, 64, False, 1)
+    scale = 576 ** -0.5
+    q, k, bt, sl = inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens
+    calls = {
+        "MLADecoder.run (out given)": lambda: dec.run(q, k, bt, sl, out=out),
+        "flash_mla_with_kvcache (metadata once)": lambda: mla.flash_mla_with_kvcache(q, k, bt, sl, 512, meta, splits),
+        "torch.ops.mla.decode (eager)": lambda: torch.ops.mla.decode(q, k, bt, sl, meta, splits, out, lse, ws, scale,
+                                                                     False, "2wg"),
+        "compiled launch alone (TVM-FFI call)": lambda: launch(q, k, bt, sl, meta, splits, out, lse, ws, scale),
+    }
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; b{args.b} s_q1 h{args.h_q} seqlen "
+          f"{args.seqlen} bf16 page 64; {args.calls} back-to-back calls, median of {args.rounds} rounds")
+    for name, fn in calls.items():
+        for _ in range(50):
+            fn()
+        torch.cuda.synchronize()
+        rounds = []
+        for _ in range(args.rounds):
+            start = time.perf_counter()
+            for _ in range(args.calls):
+                fn()
+            torch.cuda.synchronize()
+            rounds.append((time.perf_counter() - start) * 1e6 / args.calls)
+        print(f"  {name:<42} {statistics.median(rounds):7.1f} us per call  (rounds: "
+              f"{', '.join(f'{r:.1f}' for r in rounds)})")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dec.run(q, k, bt, sl, out=out)
+    for _ in range(10):
+        graph.replay()
+    torch.cuda.synchronize()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(100)]
+    for start, end in events:
+        start.record()
+        graph.replay()
+        end.record()
+    torch.cuda.synchronize()
+    gpu = statistics.median(s.elapsed_time(e) * 1e3 for s, e in events)
+    print(f"  {'GPU time (CUDA graph replay, events)':<42} {gpu:7.1f} us")
+    return 0
+
+
+_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+import torch, mla
+t1 = time.perf_counter()
+sys.path.insert(0, {root!r})
+from perf_table import bench
+from perf_table.grid import Config
+cfg = Config(64, {b}, 1, {h_q}, {seqlen})
+inp = bench.make_inputs(cfg, device="cuda", seed=0)
+meta, splits = mla.get_mla_metadata(inp.cache_seqlens, {h_q}, 1)
+torch.cuda.synchronize()
+t2 = time.perf_counter()
+out, lse = mla.flash_mla_with_kvcache(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, 512, meta, splits)
+torch.cuda.synchronize()
+t3 = time.perf_counter()
+mla.flash_mla_with_kvcache(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, 512, meta, splits)
+torch.cuda.synchronize()
+t4 = time.perf_counter()
+from pipelines import launch
+print(json.dumps(dict(import_s=t1 - t0, first_call_s=t3 - t2, second_call_s=t4 - t3, stats=launch.kernel_cache().stats,
+                      cache=str(launch.kernel_cache().directory), finite=bool(torch.isfinite(out).all()))))
+"""
+
+
+def cold(args) -> int:
+    child = _CHILD.format(root=str(ROOT), b=args.b, h_q=args.h_q, seqlen=args.seqlen)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    runs = []
+    for label in ("warm-up process (fills the cache if needed)", "fresh process, warm cache"):
+        proc = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, env=env, timeout=900)
+        if proc.returncode:
+            print(proc.stderr[-4000:], file=sys.stderr)
+            return 1
+        r = json.loads(proc.stdout.strip().splitlines()[-1])
+        runs.append(r)
+        print(f"{label}: import torch+mla {r['import_s']:.2f} s; first flash_mla_with_kvcache call -> result "
+              f"{r['first_call_s']:.3f} s; second call {1e3 * r['second_call_s']:.2f} ms; kernel from "
+              f"{'disk' if r['stats']['disk'] else 'a compile' if r['stats']['compiled'] else '?'} {r['stats']}; "
+              f"output finite: {r['finite']}; cache {r['cache']}")
+    return 0 if runs[-1]["stats"]["disk"] == 1 and runs[-1]["stats"]["compiled"] == 0 else 1
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("mode", choices=("eager", "cold"))
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--b", type=int, default=1)
+    parser.add_argument("--h-q", type=int, default=16)
+    parser.add_argument("--seqlen", type=int, default=1024)
+    args = parser.parse_args(argv)
+    return eager(args) if args.mode == "eager" else cold(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

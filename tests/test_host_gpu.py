@@ -1,0 +1,185 @@
+"""GPU: the host path for real (Hopper GPU; ``python -m pytest -m gpu``).
+
+- The kernel cache across processes: a second process loads the entry from disk and decodes the
+  same result; a damaged entry is recompiled and replaced.
+- ``torch.library.opcheck`` on ``torch.ops.mla.decode``; ``torch.compile(fullgraph=True)`` of a step
+  calling the API equals eager; ``flash_mla_with_kvcache`` captured in a CUDA graph.
+- Launches follow torch's current stream (TVM-FFI environment stream).
+- The per-call host cost stays far below the old path's (~180 us per ``MLADecoder.run``).
+"""
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+_CHILD = r"""
+import json, time, torch, mla
+from mla.testing import make_decode_problem
+from mla.reference import mla_decode_reference
+p = make_decode_problem([700, 33, 0, 2000], s_q=1, h_q=16, device="cuda", seed=3)
+meta, splits = mla.get_mla_metadata(p.cache_seqlens, 16, 1)
+torch.cuda.synchronize()
+start = time.perf_counter()
+out, lse = mla.flash_mla_with_kvcache(p.q, p.k_cache, p.block_table, p.cache_seqlens, 512, meta, splits)
+torch.cuda.synchronize()
+first = time.perf_counter() - start
+ref_out, ref_lse = mla_decode_reference(p.q, p.k_cache, p.block_table, p.cache_seqlens)
+from pipelines import launch
+print(json.dumps(dict(stats=launch.kernel_cache().stats, first_call_s=first,
+                      err=float((out.float() - ref_out).abs().max()),
+                      out=out.float().sum().item(), lse=[float(x) for x in lse.flatten()[:8]])))
+"""
+
+
+def _child(cache_dir):
+    env = dict(os.environ, MLA_CACHE_DIR=str(cache_dir), PYTHONPATH=str(ROOT))
+    env.pop("MLA_DISK_CACHE", None)
+    proc = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=900)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_loads_from_disk_and_a_damaged_entry_is_recompiled(tmp_path):
+    first = _child(tmp_path)
+    assert first["stats"]["compiled"] == 1 and first["stats"]["disk"] == 0
+    second = _child(tmp_path)
+    assert second["stats"]["disk"] == 1 and second["stats"]["compiled"] == 0, second
+    for r in (first, second):
+        assert r["err"] < 2e-2, r
+    assert (second["out"], second["lse"]) == (first["out"], first["lse"])  # same kernel, same result
+    print(f"first call, warm cache, new process: {second['first_call_s']:.3f} s")
+    (obj,) = tmp_path.glob("*/*.o")
+    obj.write_bytes(b"\0" * 64)  # garbage
+    third = _child(tmp_path)
+    assert third["stats"]["compiled"] == 1 and third["stats"]["replaced"] == 1, third
+    assert third["out"] == first["out"]
+    assert _child(tmp_path)["stats"]["disk"] == 1
+
+
+def _problem(seqlens=(700, 33, 0, 2000), s_q=2, h_q=16, seed=5):
+    from mla.testing import make_decode_problem
+
+    p = make_decode_problem(list(seqlens), s_q=s_q, h_q=h_q, device="cuda", seed=seed)
+    p.k_cache = torch.nan_to_num(p.k_cache)  # opcheck compares runs: keep NaN out of unused slots
+    return p
+
+
+def test_opcheck():
+    import mla
+    import pipelines
+
+    p = _problem()
+    meta, splits = mla.get_mla_metadata(p.cache_seqlens, 32, 1)
+    b = p.q.shape[0]
+    args = (p.q, p.k_cache, p.block_table, p.cache_seqlens, meta, splits,
+            torch.empty(b, 2, 16, 512, dtype=torch.bfloat16, device="cuda"), torch.empty(b, 16, 2, device="cuda"),
+            torch.zeros(pipelines.workspace_numel(b, meta.shape[0], 32), device="cuda"), 576 ** -0.5, True, "2wg")
+    result = torch.library.opcheck(torch.ops.mla.decode.default, args)
+    assert set(result.values()) == {"SUCCESS"}, result
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_compiled_step_equals_eager(mode):
+    """A step calling flash_mla_with_kvcache and MLADecoder.run, compiled with fullgraph=True
+    (inductor; with "reduce-overhead" also replayed as CUDA graphs), gives the eager result."""
+    import mla
+
+    torch._dynamo.reset()
+    p = _problem()
+    meta, splits = mla.get_mla_metadata(p.cache_seqlens, 32, 1)
+    dec = mla.MLADecoder()
+    dec.plan(p.cache_seqlens, num_heads_q=16, seq_len_q=2, causal=True)
+    out = torch.empty(4, 2, 16, 512, dtype=torch.bfloat16, device="cuda")
+
+    def step(q, k_cache, block_table, cache_seqlens):
+        o1, lse1 = mla.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, meta, splits, causal=True)
+        o2, lse2 = dec.run(q * 0.5, k_cache, block_table, cache_seqlens, out=out)
+        return o1 * 2, lse1.clone(), o2.clone(), lse2.clone()
+
+    args = (p.q, p.k_cache, p.block_table, p.cache_seqlens)
+    want = step(*args)
+    compiled = torch.compile(step, fullgraph=True, mode=mode)
+    for _ in range(3):  # reduce-overhead records on the first calls, replays after
+        got = compiled(*args)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_flash_mla_captured_in_a_cuda_graph():
+    import mla
+    from mla.reference import compare_to_reference, mla_decode_reference
+
+    p = _problem(s_q=1, h_q=64)
+    meta, splits = mla.get_mla_metadata(p.cache_seqlens, 64, 1)
+    mla.flash_mla_with_kvcache(p.q, p.k_cache, p.block_table, p.cache_seqlens, 512, meta, splits)  # warm-up
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = mla.flash_mla_with_kvcache(p.q, p.k_cache, p.block_table, p.cache_seqlens, 512, meta, splits)
+    p.q.copy_(torch.randn_like(p.q, dtype=torch.float32).to(p.q.dtype))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_out, ref_lse = mla_decode_reference(p.q, p.k_cache, p.block_table, p.cache_seqlens)
+    cmp = compare_to_reference(out, lse, ref_out, ref_lse)
+    assert cmp.ok, cmp.message
+
+
+def test_launch_follows_the_current_stream():
+    """On a side stream held busy, q is rewritten and decoded on that stream: the decode must see
+    the new q, which it only does if it was queued behind the copy on the same stream."""
+    import mla
+    from mla.reference import compare_to_reference, mla_decode_reference
+
+    p = _problem(s_q=1, h_q=16)
+    dec = mla.MLADecoder()
+    dec.plan(p.cache_seqlens, num_heads_q=16, seq_len_q=1)
+    out = torch.full((4, 1, 16, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    dec.run(p.q, p.k_cache, p.block_table, p.cache_seqlens, out=out)
+    new_q = torch.randn_like(p.q, dtype=torch.float32).to(p.q.dtype)
+    torch.cuda.synchronize()
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(200_000_000)  # ~0.1 s of GPU spin on the side stream
+        p.q.copy_(new_q)
+        _, lse = dec.run(p.q, p.k_cache, p.block_table, p.cache_seqlens, out=out)
+    side.synchronize()
+    ref_out, ref_lse = mla_decode_reference(p.q, p.k_cache, p.block_table, p.cache_seqlens)
+    cmp = compare_to_reference(out, lse, ref_out, ref_lse)
+    assert cmp.ok, cmp.message
+
+
+def test_eager_host_cost_is_small():
+    """Per-call wall time of back-to-back MLADecoder.run calls on a problem whose GPU time is ~12 us.
+    The old path (from_dlpack views per call) took ~180 us on an H200; the bound here is loose
+    (machines vary); scripts/host_timing.py measures it precisely."""
+    import mla
+
+    p = _problem(seqlens=(1024,), s_q=1, h_q=16)
+    dec = mla.MLADecoder()
+    dec.plan(p.cache_seqlens, num_heads_q=16, seq_len_q=1)
+    out = torch.empty(1, 1, 16, 512, dtype=torch.bfloat16, device="cuda")
+    for _ in range(50):
+        dec.run(p.q, p.k_cache, p.block_table, p.cache_seqlens, out=out)
+    torch.cuda.synchronize()
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        for _ in range(300):
+            dec.run(p.q, p.k_cache, p.block_table, p.cache_seqlens, out=out)
+        torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - start) * 1e6 / 300)
+    print(f"MLADecoder.run: {best:.1f} us per call")
+    assert best < 60, best
