@@ -6,12 +6,16 @@ not pass, then one call of the compiled decode (``pipelines.decode_launcher``). 
 before all checks pass, and no name falls back silently to another pipeline.
 
 Eager calls are the hot path of an engine whenever a step does not match a captured CUDA graph, so
-the checks are cached per *signature*: everything they read (each tensor's shape, strides, dtype and
-device, the scalar arguments with their types, the plan's host-side facts, the pipeline name). A
-repeated signature costs one dictionary lookup plus the data-pointer alignment test, the one
-check that depends on more than the signature; a new signature gets every check, and a failed
-check is never cached. Under ``torch.compile`` the same checks run at trace time and the launch
-goes through the custom op ``torch.ops.mla.decode`` (``mla.ops``), which checks again when it runs.
+the checks are cached per *signature*: each tensor's shape, strides and dtype, q's device, the
+scalar arguments with their types, the plan's host-side facts, the pipeline name. A repeated
+signature costs one dictionary lookup; a new one gets every check, and a failed check is never
+cached. What a signature leaves open is checked by the compiled function itself on every call,
+in C, before it launches (TVM-FFI's argument decoding against the compiled signature: every
+tensor's dtype, device type and device index, the static extents, stride divisibility and the
+16-byte data alignment, docs/interfaces.md); when it refuses a call, the API reruns its own checks
+so the error is the API's ``ValueError``/``TypeError`` naming the argument. Under ``torch.compile``
+the checks run at trace time and the launch goes through the custom op ``torch.ops.mla.decode``
+(``mla.ops``), which checks again when it runs.
 """
 from __future__ import annotations
 
@@ -30,6 +34,19 @@ from .reference import HEAD_DIM_V
 PIPELINE_ENV_VAR = "MLA_PIPELINE"
 DEFAULT_PIPELINE = "2wg"
 PIPELINE_CHOICES = ("auto",) + tuple(pipelines.VARIANTS)
+
+
+_ENV_DATA = getattr(os.environ, "_data", None)  # CPython's encoded environment (what os.environ reads)
+_ENV_KEY = os.environ.encodekey(PIPELINE_ENV_VAR) if hasattr(os.environ, "encodekey") else None
+
+
+def _pipeline_env_raw():
+    """The raw ``MLA_PIPELINE`` value (bytes or None) for the signature of a ``pipeline="auto"``
+    call: one dict lookup instead of ``os.environ.get``'s encode/decode round trip, which costs
+    as much as the rest of a cached call's checks."""
+    if _ENV_DATA is not None and _ENV_KEY is not None:
+        return _ENV_DATA.get(_ENV_KEY)
+    return os.environ.get(PIPELINE_ENV_VAR)
 
 
 def resolve_pipeline(pipeline: str = "auto") -> str:
@@ -167,9 +184,10 @@ make a new signature per width; the cache must not grow without bound)."""
 
 
 def _sig(t) -> tuple:
-    """Everything the checks read from a tensor: shape, strides, dtype, device. Raises
+    """What the cached checks read from a tensor besides its device: shape, strides, dtype (the
+    device is in the signature for q; the compiled function checks every tensor is on q's). Raises
     AttributeError for a non-tensor, which sends the call down the checking path (which names it)."""
-    return (t.shape, t.stride(), t.dtype, t.device)
+    return (t.shape, t.stride(), t.dtype)
 
 
 def _remember(cache: dict, key, value) -> None:
@@ -182,13 +200,6 @@ def _check_kernel_alignment(q, k_cache, out, workspace=None) -> None:
     """Base pointers the kernels assume 16-byte aligned, and the TMA stride multiples."""
     for name, t, mult in (("q", q, 8), ("k_cache", k_cache, 8), ("out", out, 8), ("workspace", workspace, 1)):
         validate.check_kernel_alignment(name, t, mult)
-
-
-def _misaligned(q, k_cache, out, workspace=None) -> bool:
-    # The one check a signature cannot cover: a view of the same shape and strides can start at
-    # another offset. Four integer tests; the named error comes from _check_kernel_alignment.
-    return bool(q.data_ptr() % 16 or k_cache.data_ptr() % 16 or (out is not None and out.data_ptr() % 16)
-                or (workspace is not None and workspace.data_ptr() % 16))
 
 
 def _check_kernel_shape(shape: validate.DecodeShape, variant: str) -> None:
@@ -208,6 +219,7 @@ def _launcher(variant: str, shape: validate.DecodeShape):
 @dataclass(frozen=True)
 class _Call:
     """What a checked signature needs per call: the compiled launch and what to allocate."""
+    variant: str
     launch: object
     out_shape: tuple
     lse_shape: tuple
@@ -229,8 +241,11 @@ def clear_caches() -> None:
     ops.clear_caches()
 
 
-def _flash_key(variant, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
+def _flash_key(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata, num_splits,
                softmax_scale, causal, out):
+    """The signature of a ``flash_mla_with_kvcache`` call (module docstring), or None when the call
+    cannot be cached yet (a lazy plan not planned). One flat tuple: nested ones are hashed again on
+    every lookup."""
     if isinstance(tile_scheduler_metadata, MLASchedMeta):
         sched = tile_scheduler_metadata
         if not sched.have_initialized:
@@ -238,9 +253,15 @@ def _flash_key(variant, q, k_cache, block_table, cache_seqlens, head_dim_v, tile
         plan = ("lazy", sched.config, sched.info, _sig(sched.tile_scheduler_metadata), _sig(sched.num_splits),
                 num_splits is None)
     else:
-        plan = (_sig(tile_scheduler_metadata), _sig(num_splits), getattr(tile_scheduler_metadata, "_mla_plan_info", None))
-    return (variant, _sig(q), _sig(k_cache), _sig(block_table), _sig(cache_seqlens), type(head_dim_v), head_dim_v,
-            type(softmax_scale), softmax_scale, type(causal), causal, None if out is None else _sig(out), plan)
+        plan = (tile_scheduler_metadata.shape, tile_scheduler_metadata.stride(), tile_scheduler_metadata.dtype,
+                num_splits.shape, num_splits.stride(), num_splits.dtype,
+                getattr(tile_scheduler_metadata, "_mla_plan_info", None))
+    return (pipeline, _pipeline_env_raw() if pipeline == "auto" else None,
+            q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype,
+            block_table.shape, block_table.stride(), block_table.dtype,
+            cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
+            type(head_dim_v), head_dim_v, type(softmax_scale), softmax_scale, type(causal), causal,
+            None if out is None else (out.shape, out.stride(), out.dtype), plan)
 
 
 def _check_flash_call(variant, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
@@ -264,7 +285,7 @@ def _check_flash_call(variant, q, k_cache, block_table, cache_seqlens, head_dim_
     if info is not None:  # absent when the caller copied the metadata (e.g. into a graph's static buffer)
         validate.check_block_table_width(shape.max_pages, shape.page_size, info.max_seqlen)
     launch = _launcher(variant, shape) if launcher else None
-    return _Call(launch, (shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V), (shape.batch_size, shape.h_q, shape.s_q),
+    return _Call(variant, launch, (shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V), (shape.batch_size, shape.h_q, shape.s_q),
                  _workspace_numel(shape, tile_scheduler_metadata.shape[0]), shape.dtype, shape.device,
                  shape.softmax_scale, shape)
 
@@ -308,34 +329,42 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if torch.compiler.is_compiling():
         return _flash_mla_traced(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                                  num_splits, softmax_scale, causal, pipeline, out)
-    variant = resolve_pipeline(pipeline)
     try:
-        key = _flash_key(variant, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+        key = _flash_key(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                          num_splits, softmax_scale, causal, out)
         call = _FLASH_CALLS.get(key) if key is not None else None
     except (AttributeError, TypeError):  # a non-tensor or an unhashable argument: the checks name it
         key = call = None
     if call is None:
+        variant = resolve_pipeline(pipeline)
         call = _check_flash_call(variant, q, k_cache, block_table, cache_seqlens, head_dim_v,
                                  tile_scheduler_metadata, num_splits, softmax_scale, causal, out)
         if key is None and isinstance(tile_scheduler_metadata, MLASchedMeta):
             # Planned just now: later calls have this key, and these checks are theirs.
-            key = _flash_key(variant, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+            key = _flash_key(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                              num_splits, softmax_scale, causal, out)
         if key is not None:
             _remember(_FLASH_CALLS, key, call)
+    sched = None
     if isinstance(tile_scheduler_metadata, MLASchedMeta):
-        tile_scheduler_metadata, num_splits = (tile_scheduler_metadata.tile_scheduler_metadata,
-                                               tile_scheduler_metadata.num_splits)
-    if _misaligned(q, k_cache, out):
-        _check_kernel_alignment(q, k_cache, out)
-    device = call.device
+        sched = tile_scheduler_metadata
+        tile_scheduler_metadata, num_splits = sched.tile_scheduler_metadata, sched.num_splits
+    new = q.new_empty
     if out is None:
-        out = torch.empty(call.out_shape, dtype=call.dtype, device=device)
-    lse = torch.empty(call.lse_shape, dtype=torch.float32, device=device)
-    workspace = torch.empty(call.workspace_numel, dtype=torch.float32, device=device)
-    call.launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
-                call.softmax_scale)
+        out = new(call.out_shape, dtype=call.dtype)
+    lse = new(call.lse_shape, dtype=torch.float32)
+    workspace = new(call.workspace_numel, dtype=torch.float32)
+    try:
+        call.launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
+                    call.softmax_scale)
+    except (ValueError, TypeError):
+        # The compiled function refused an argument (dtype, device, alignment: module docstring):
+        # say which, as the API says it, or pass its own message on if these checks find nothing.
+        _check_flash_call(call.variant, q, k_cache, block_table, cache_seqlens, head_dim_v,
+                          sched if sched is not None else tile_scheduler_metadata, None if sched else num_splits,
+                          softmax_scale, causal, out, launcher=False)
+        _check_kernel_alignment(q, k_cache, out, workspace)
+        raise
     return out, lse
 
 
@@ -447,7 +476,7 @@ class MLADecoder:
             self.tile_scheduler_metadata, self.num_splits = metadata, num_splits
             self._workspace = torch.empty(_workspace_numel(shape, info.num_parts), dtype=torch.float32, device=device)
             self._lse = torch.empty(shape.batch_size, shape.h_q, shape.s_q, dtype=torch.float32, device=device)
-        self._planned, self._info, self._launch = shape, info, launch
+        self._planned, self._info, self._launch, self._scale = shape, info, launch, shape.softmax_scale
         self._out_shape = (shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V)
         self._checked = {}
 
@@ -493,9 +522,12 @@ class MLADecoder:
             raise RuntimeError("MLADecoder.run called before plan()")
         if torch.compiler.is_compiling():
             return self._run_traced(q, k_cache, block_table, cache_seqlens, out, lse)
-        try:
-            key = (_sig(q), _sig(k_cache), _sig(block_table), _sig(cache_seqlens),
-                   None if out is None else _sig(out), None if lse is None else _sig(lse))
+        try:  # the signature (module docstring), one flat tuple
+            key = (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype,
+                   block_table.shape, block_table.stride(), block_table.dtype,
+                   cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
+                   None if out is None else (out.shape, out.stride(), out.dtype),
+                   None if lse is None else (lse.shape, lse.stride(), lse.dtype))
             checked = key in self._checked
         except (AttributeError, TypeError):
             key, checked = None, False
@@ -503,14 +535,19 @@ class MLADecoder:
             self._check_run(q, k_cache, block_table, cache_seqlens, out, lse)
             if key is not None:
                 _remember(self._checked, key, True)
-        if _misaligned(q, k_cache, out):
-            _check_kernel_alignment(q, k_cache, out)
         if out is None:
-            out = torch.empty(self._out_shape, dtype=self._planned.dtype, device=self._planned.device)
-        if lse is None:
+            out = q.new_empty(self._out_shape)
+        own_lse = lse is None
+        if own_lse:
             lse = self._lse
-        self._launch(q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits, out, lse,
-                     self._workspace, self._planned.softmax_scale)
+        try:
+            self._launch(q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits, out,
+                         lse, self._workspace, self._scale)
+        except (ValueError, TypeError):
+            # The compiled function refused an argument: name it as the API does (module docstring).
+            self._check_run(q, k_cache, block_table, cache_seqlens, out, None if own_lse else lse)
+            _check_kernel_alignment(q, k_cache, out)
+            raise
         return out, lse
 
     def _run_traced(self, q, k_cache, block_table, cache_seqlens, out, lse):

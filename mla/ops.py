@@ -52,29 +52,31 @@ def _check(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_
     return api._launcher(variant, shape) if launcher else None
 
 
-@torch.library.custom_op("mla::decode", mutates_args=("out", "lse", "workspace"))
 def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
            tile_scheduler_metadata: torch.Tensor, num_splits: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
            workspace: torch.Tensor, softmax_scale: float, causal: bool, pipeline: str) -> None:
     """MLA paged decode into ``out``/``lse`` (module docstring)."""
     args = (q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace)
-    try:
-        key = (tuple(api._sig(t) for t in args), type(softmax_scale), softmax_scale, type(causal), causal, pipeline,
-               api.resolve_pipeline(pipeline) if pipeline == "auto" else pipeline)
+    try:  # the signature, as mla.api keys it: every tensor's shape, strides and dtype, q's device
+        key = (tuple(api._sig(t) for t in args), q.device, type(softmax_scale), softmax_scale, type(causal), causal,
+               pipeline, api._pipeline_env_raw() if pipeline == "auto" else None)
         launch = _CALLS.get(key)
-    except (AttributeError, TypeError, ValueError):  # non-tensors, unhashables, a bad pipeline name
+    except (AttributeError, TypeError):  # non-tensors, unhashables: the checks name them
         key = launch = None
     if launch is None:
         launch = _check(*args, softmax_scale, causal, pipeline, launcher=True)
         if key is not None:
             api._remember(_CALLS, key, launch)
-    if api._misaligned(q, k_cache, out, workspace):
+    try:
+        launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
+               float(softmax_scale))
+    except (ValueError, TypeError):
+        # The compiled function refused an argument (device, dtype, alignment): name it as the API does.
+        _check(*args, softmax_scale, causal, pipeline, launcher=False)
         api._check_kernel_alignment(q, k_cache, out, workspace)
-    launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
-           float(softmax_scale))
+        raise
 
 
-@decode.register_fake
 def _decode_fake(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
                  softmax_scale, causal, pipeline):
     # Nothing to allocate (the outputs are the caller's); the checks make a bad traced call fail
@@ -82,3 +84,30 @@ def _decode_fake(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata
     # device (shape inference), so only their device type is not checked.
     _check(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
            softmax_scale, causal, pipeline, launcher=False, any_device=q.device.type == "meta")
+
+
+SCHEMA = ("decode(Tensor q, Tensor k_cache, Tensor block_table, Tensor cache_seqlens, Tensor tile_scheduler_metadata, "
+          "Tensor num_splits, Tensor(a!) out, Tensor(b!) lse, Tensor(c!) workspace, float softmax_scale, bool causal, "
+          "str pipeline) -> ()")
+_MUTATED = (6, 7, 8)  # out, lse, workspace
+
+# Registered through torch.library's low-level API rather than torch.library.custom_op: the latter
+# wraps every call in Python autograd and version-bump layers whose argument handling alone costs
+# more than the whole decode launch (a compiled graph without CUDA graphs pays it per layer). Here
+# the backend kernel is the function above, autograd falls back to torch's C++ default (the op has
+# no gradient), and the ADInplaceOrView kernel does what it must for a mutating op: bump the
+# version counters of the tensors it writes.
+_LIB = torch.library.Library("mla", "DEF")
+_LIB.define(SCHEMA)
+_LIB.impl("decode", decode, "CompositeExplicitAutograd")
+_OP = torch.ops.mla.decode.default
+_AFTER_INPLACE_OR_VIEW = torch._C._after_ADInplaceOrView_keyset
+
+
+def _bump_versions(keyset, *args):
+    torch._C._increment_version([args[i] for i in _MUTATED])
+    return _OP.redispatch(keyset & _AFTER_INPLACE_OR_VIEW, *args)
+
+
+_LIB.impl("decode", _bump_versions, "ADInplaceOrView", with_keyset=True)
+torch.library.register_fake("mla::decode", _decode_fake, lib=_LIB)

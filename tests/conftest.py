@@ -41,6 +41,43 @@ def workspace_views(workspace, batch_size: int, num_parts: int, rows: int):
     return o_accum, lse_accum
 
 
+def check_entry_args(config: tuple, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out,
+                     lse, workspace):
+    """What the compiled entry's TVM-FFI argument decoding checks on every call (docs/interfaces.md,
+    "Compiled signatures"), as a model: dtype, rank, one device (of the kernel device type), the
+    static extents of the configuration and the shared batch size, unit last strides, stride
+    multiples of 8 for q/k_cache/out, contiguous lse and metadata, 16-byte data alignment of q,
+    k_cache, out and workspace. Raises ValueError naming the parameter, as TVM-FFI does."""
+    variant, dtype, h_q, s_q, page_size, causal, h_kv = config
+    b = q.shape[0] if q.dim() else None
+    i32, f32 = torch.int32, torch.float32
+    specs = [("q", q, dtype, (b, s_q, h_q, 576), 16, 8), ("k_cache", k_cache, dtype, (None, page_size, h_kv, 576), 16, 8),
+             ("block_table", block_table, i32, (b, None), 4, 1), ("cache_seqlens", cache_seqlens, i32, (b,), 4, 1),
+             ("tile_scheduler_metadata", tile_scheduler_metadata, i32, (None, 8), 4, 1),
+             ("num_splits", num_splits, i32, (None,), 4, 1), ("out", out, dtype, (b, s_q, h_q, 512), 16, 8),
+             ("lse", lse, f32, (b, h_q, s_q), 4, 1), ("workspace", workspace, f32, (None,), 16, 1)]
+    for i, (name, t, want_dtype, shape, align, stride_div) in enumerate(specs):
+        where = f"on argument #{i} ({name}) of the compiled entry"
+        if t.data_ptr() % align:
+            raise ValueError(f"Misaligned Tensor data {where}, expected data alignment={align} bytes")
+        if t.dim() != len(shape):
+            raise ValueError(f"Mismatched Tensor {where}, expected ndim={len(shape)}")
+        if t.device.type != validate.KERNEL_DEVICE_TYPE or t.device != q.device:
+            raise ValueError(f"Mismatched Tensor {where}, expected device {q.device}")
+        if t.dtype != want_dtype:
+            raise ValueError(f"Mismatched Tensor {where}, expected dtype={want_dtype}")
+        for dim, (got, want) in enumerate(zip(t.shape, shape)):
+            if want is not None and got != want:
+                raise ValueError(f"Mismatched {name}.shape[{dim}] {where}, expected {want}")
+        for dim, (st, n) in enumerate(zip(t.stride(), t.shape)):
+            if n != 1 and (st != 1 if dim == t.dim() - 1 else st % stride_div):
+                raise ValueError(f"Mismatched {name}.strides[{dim}] {where}")
+    for i, name, t in ((7, "lse", lse), (4, "tile_scheduler_metadata", tile_scheduler_metadata)):
+        if not t.is_contiguous():
+            raise ValueError(f"Mismatched {name}.strides on argument #{i} ({name}) of the compiled entry, "
+                             f"expected contiguous")
+
+
 class FakeKernel:
     """Stands in for ``pipelines.decode_launcher``: each launcher it hands out checks the buffers it
     is given and fills out/lse (and the workspace partials) by executing the split plan with the
@@ -54,11 +91,13 @@ class FakeKernel:
         causal = bool(causal) and seqlen_q > 1  # as pipelines.launch.DecodeConfig normalises it
         self.configs.append((variant, dtype, num_heads_q, seqlen_q, page_size, causal, num_heads_k))
 
+        config = self.configs[-1]
+
         def launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
                    softmax_scale):
+            check_entry_args(config, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
+                             out, lse, workspace)
             b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
-            assert (q.dtype, s_q, h_q, k_cache.shape[1], k_cache.shape[2]) == (dtype, seqlen_q, num_heads_q,
-                                                                               page_size, num_heads_k)
             parts = tile_scheduler_metadata.shape[0]
             assert workspace.dtype == torch.float32 and workspace.numel() >= pipelines.workspace_numel(
                 b, parts, s_q * h_q)

@@ -8,6 +8,7 @@
 """
 from __future__ import annotations
 
+import dataclasses
 import types
 
 import pytest
@@ -127,6 +128,23 @@ class TestFlashSignatureCache:
         # width check (which needs them) is skipped exactly as on the first call of such a copy.
         flash(prob, meta.clone(), splits)
         assert len(fake_kernel.calls) == launched + 1
+
+    def test_compiled_refusals_get_the_api_message(self, fake_kernel, counted, monkeypatch):
+        """A device or dtype the signature does not hold (here block_table's device) reaches the
+        compiled function, whose argument check refuses it; the API then names it its own way."""
+        prob = problem()
+        meta, splits = mla.get_mla_metadata(prob.cache_seqlens, 16, 1, num_sms=NUM_SMS)
+        flash(prob, meta, splits)
+        with pytest.raises(ValueError, match="block_table must be on q's device cpu, got meta"):
+            mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table.to("meta"), prob.cache_seqlens, 512,
+                                       meta, splits)
+        assert len(counted) == 2  # the cached check, then the diagnosis after the refusal
+        # A refusal the API's checks cannot explain is passed on as it is.
+        refusing = lambda *args: (_ for _ in ()).throw(ValueError("Mismatched Tensor on argument #5"))  # noqa: E731
+        monkeypatch.setitem(api._FLASH_CALLS, next(iter(api._FLASH_CALLS)),
+                            dataclasses.replace(next(iter(api._FLASH_CALLS.values())), launch=refusing))
+        with pytest.raises(ValueError, match="Mismatched Tensor on argument #5"):
+            flash(prob, meta, splits)
 
     def test_failed_checks_are_not_cached(self, fake_kernel, counted):
         prob = problem()
