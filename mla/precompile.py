@@ -20,6 +20,7 @@ import argparse
 import concurrent.futures
 import multiprocessing
 import os
+import re
 import shutil
 import sys
 import time
@@ -138,7 +139,10 @@ def main(argv=None) -> int:
             print(f"  {e['key']}  {e['size']} bytes  {e['created']}  {e['object']}")
         return 0
     if args.prune:
-        removed = [p for p in sorted(directory.parent.iterdir()) if p.is_dir() and p != directory]
+        # Only directories this cache made (a namespace name and its namespace.json): the root may
+        # be a directory the user shares with other things.
+        removed = [p for p in sorted(directory.parent.iterdir()) if p.is_dir() and p != directory
+                   and re.fullmatch(r"[0-9a-f]{24}", p.name) and (p / "namespace.json").is_file()]
         for p in removed:
             shutil.rmtree(p)
         print(f"removed {len(removed)} stale cache directories from {directory.parent}; kept {directory.name}")

@@ -155,7 +155,7 @@ def entry_args(config: DecodeConfig) -> tuple:
 class DecodeEntry:
     """The compiled host function of one ``DecodeConfig``: decode kernel, then split-kv merge.
 
-    ``workspace`` is one fp32 buffer of ``workspace_numel`` elements (docs/interfaces.md,
+    ``workspace`` is one fp32 buffer of ``pipelines.workspace_numel`` elements (docs/interfaces.md,
     "Workspace"): ``o_accum [n, rows, 512]`` followed by ``lse_accum [n, rows]``, with
     ``n = b + num_parts`` (``b`` from q, ``num_parts`` from tile_scheduler_metadata). One buffer
     is one allocation per eager ``flash_mla_with_kvcache`` call instead of two.
@@ -175,19 +175,19 @@ class DecodeEntry:
                  workspace: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
         rows = self.rows
         n = tile_scheduler_metadata.shape[0] + q.shape[0]  # b + num_parts: bounds num_splits[b]
+        # The split stride is a 64-bit value (b * rows * 512 can pass 2^31 elements) that the
+        # compiler knows is a multiple of 512: as a plain int it would be a 32-bit constant, and
+        # without the divisibility the merge kernel could not prove its 16-byte loads aligned.
+        split_stride = cute.assume(cutlass.Int64(rows * HEAD_DIM_V), divby=HEAD_DIM_V)
+        row_stride = cute.assume(cutlass.Int64(HEAD_DIM_V), divby=HEAD_DIM_V)
         o_accum = cute.make_tensor(workspace.iterator, cute.make_layout(
-            (n, rows, HEAD_DIM_V), stride=(rows * HEAD_DIM_V, HEAD_DIM_V, 1)))
-        lse_accum = cute.make_tensor(workspace.iterator + n * (rows * HEAD_DIM_V), cute.make_layout(
+            (n, rows, HEAD_DIM_V), stride=(split_stride, row_stride, 1)))
+        lse_accum = cute.make_tensor(workspace.iterator + cutlass.Int64(n) * (rows * HEAD_DIM_V), cute.make_layout(
             (n, rows), stride=(rows, 1)))
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                     o_accum, lse_accum, softmax_scale, stream)
         # Second stage: requests with one chunk were written by the main kernel; the merge skips them.
         self.merge(o_accum, lse_accum, num_splits, out, lse, stream)
-
-
-def workspace_numel(batch_size: int, num_parts: int, rows: int) -> int:
-    """fp32 elements of ``DecodeEntry``'s workspace: ``(b + num_parts) * rows * (512 + 1)``."""
-    return (batch_size + num_parts) * rows * (HEAD_DIM_V + 1)
 
 
 def compile_entry(config: DecodeConfig, options: str | None = None):

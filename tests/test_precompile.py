@@ -74,9 +74,13 @@ def test_precompile_stores_and_a_new_process_finds_it(tmp_path):
     third = _run(args, tmp_path)
     assert third.returncode == 0 and "replaced an entry" in third.stdout and "1 compiled" in third.stdout
     # Stale namespaces (other sources or toolchains) are pruned, the current one kept.
-    (tmp_path / "0123456789abcdef01234567").mkdir()
+    stale = tmp_path / "0123456789abcdef01234567"
+    stale.mkdir()
+    (stale / "namespace.json").write_text("{}")
+    (tmp_path / "not-ours").mkdir()  # a directory the cache did not make is left alone
     pruned = _run(["--prune"], tmp_path)
-    assert "removed 1 stale" in pruned.stdout and sorted(p.name for p in tmp_path.iterdir()) == [namespace.name]
+    assert "removed 1 stale" in pruned.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([namespace.name, "not-ours"])
 
 
 def test_precompile_refuses_when_the_disk_cache_is_off(tmp_path):
