@@ -119,3 +119,31 @@ def launch_decode(variant, q, k_cache, block_table, cache_seqlens, tile_schedule
        num_splits_v, out3_v, lse_v, o_accum_v, lse_accum_v, cutlass.Float32(softmax_scale), stream)
     # Second stage: requests with one chunk were written by the main kernel; the merge kernel skips them.
     merge(o_accum_v, lse_accum_v, num_splits_v, out3_v, lse_v, stream)
+
+
+def compile_planner(block_n: int, fixed_cost: int, options: str | None = None):
+    """Compile (or fetch) the split planner kernel (``split_k.planner_kernel``) for one (block_n, fixed_cost)."""
+    def build():
+        from split_k.planner_kernel import SplitPlanner
+        i32 = cutlass.Int32
+        # seqlens [b], metadata [num_parts, 8], num_splits [b + 1]; 4-byte alignment only: the
+        # kernel makes scalar accesses, and cache_seqlens may be any view of an int32 tensor.
+        args = tuple(make_fake_tensor(i32, shape, stride, assumed_align=4) for shape, stride in (
+            ((cute.sym_int32(),), (1,)),
+            ((cute.sym_int32(), cute.sym_int32()), (cute.sym_int64(), 1)),
+            ((cute.sym_int32(),), (1,))))
+        return SplitPlanner(block_n, fixed_cost), args + (cute.runtime.make_fake_stream(),)
+
+    return _cached_compile(("planner", block_n, fixed_cost, options), build)
+
+
+def launch_planner(cache_seqlens, tile_scheduler_metadata, num_splits, block_n: int, fixed_cost: int):
+    """Plan on the current torch stream into the given int32 tensors (validated by the caller): no sync."""
+    import torch
+    from cuda.bindings import driver as cuda
+
+    fn = compile_planner(block_n, fixed_cost)
+    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+    views = [from_dlpack(t, assumed_align=4).mark_layout_dynamic(leading_dim=t.dim() - 1)
+             for t in (cache_seqlens, tile_scheduler_metadata, num_splits)]
+    fn(*views, stream)
