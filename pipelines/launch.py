@@ -121,8 +121,9 @@ def launch_decode(variant, q, k_cache, block_table, cache_seqlens, tile_schedule
     merge(o_accum_v, lse_accum_v, num_splits_v, out3_v, lse_v, stream)
 
 
-def compile_planner(block_n: int, fixed_cost: int, options: str | None = None):
-    """Compile (or fetch) the split planner kernel (``split_k.planner_kernel``) for one (block_n, fixed_cost)."""
+
+def compile_planner(options: str | None = None):
+    """Compile (or fetch) the split planner kernel (``split_k.planner_kernel``) with the plan's constants."""
     def build():
         from split_k.planner_kernel import SplitPlanner
         i32 = cutlass.Int32
@@ -132,18 +133,19 @@ def compile_planner(block_n: int, fixed_cost: int, options: str | None = None):
             ((cute.sym_int32(),), (1,)),
             ((cute.sym_int32(), cute.sym_int32()), (cute.sym_int64(), 1)),
             ((cute.sym_int32(),), (1,))))
-        return SplitPlanner(block_n, fixed_cost), args + (cute.runtime.make_fake_stream(),)
+        return SplitPlanner(), args + (cute.runtime.make_fake_stream(),)
 
-    return _cached_compile(("planner", block_n, fixed_cost, options), build)
+    return _cached_compile(("planner", options), build)
 
 
-def launch_planner(cache_seqlens, tile_scheduler_metadata, num_splits, block_n: int, fixed_cost: int):
-    """Plan on the current torch stream into the given int32 tensors (validated by the caller): no sync."""
+def launch_planner(cache_seqlens, tile_scheduler_metadata, num_splits):
+    """Plan on the current torch stream of cache_seqlens' device into the given int32 tensors
+    (validated by the caller: contiguous, b >= 1, within ``split_k.planner_kernel.check_limits``)."""
     import torch
     from cuda.bindings import driver as cuda
 
-    fn = compile_planner(block_n, fixed_cost)
-    stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    views = [from_dlpack(t, assumed_align=4).mark_layout_dynamic(leading_dim=t.dim() - 1)
-             for t in (cache_seqlens, tile_scheduler_metadata, num_splits)]
-    fn(*views, stream)
+    fn = compile_planner()
+    with torch.cuda.device(cache_seqlens.device):
+        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+        fn(*(from_dlpack(t, assumed_align=4).mark_layout_dynamic(leading_dim=t.dim() - 1)
+             for t in (cache_seqlens, tile_scheduler_metadata, num_splits)), stream)
