@@ -230,7 +230,7 @@ class SplitPlanner:
         b = mSeqlens.shape[0]
         num_parts = mMetadata.shape[0]
         F = self.fixed_cost
-        storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
+        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
         sBlocks = storage.blocks.get_tensor(cute.make_layout(MAX_BATCH + 2))
         sBudgets = storage.budgets.get_tensor(cute.make_layout(MAX_BATCH))
         sBeginReq = storage.begin_req.get_tensor(cute.make_layout(MAX_PARTS))
