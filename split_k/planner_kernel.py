@@ -66,6 +66,8 @@ MIN_BLOCK_N = 4
 
 def check_limits(batch_size: int, num_parts: int) -> None:
     """Raise ``ValueError`` when the kernel cannot plan this problem (before any launch)."""
+    if num_parts < 1:
+        raise ValueError(f"num_parts must be >= 1, got {num_parts}")
     if batch_size > MAX_BATCH:
         raise ValueError(f"the device planner handles batches of up to {MAX_BATCH} requests, got "
                          f"cache_seqlens of {batch_size}; plan on the host (planner='host') instead")

@@ -82,6 +82,8 @@ def test_check_limits():
         planner_kernel.check_limits(planner_kernel.MAX_BATCH + 1, 1)
     with pytest.raises(ValueError, match=f"up to {planner_kernel.MAX_PARTS} parts.*num_sms"):
         planner_kernel.check_limits(1, planner_kernel.MAX_PARTS + 1)
+    with pytest.raises(ValueError, match="num_parts must be >= 1"):
+        planner_kernel.check_limits(1, 0)
 
 
 @pytest.mark.parametrize("knobs, match", [(dict(block_n=2), "block_n must be an int >= 4"),
