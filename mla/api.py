@@ -294,8 +294,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     No host synchronisation, unless the metadata is a fresh ``MLASchedMeta`` planned on the host.
     block_table's width is checked against the longest sequence only for host plans (the device
     planner never sees the lengths on the host); with a device plan a too-narrow block_table is
-    read out of bounds, as with FlashMLA. Allocates out (if not given), lse and the split-kv workspace on every call; use ``MLADecoder``
-    to allocate once.
+    read out of bounds, as with FlashMLA. Allocates out (if not given), lse and the split-kv
+    workspace on every call; use ``MLADecoder`` to allocate once.
     """
     variant = resolve_pipeline(pipeline)
     require_kernel(variant)

@@ -44,14 +44,20 @@ width check for device plans; FlashMLA never checks it).
 """
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
-import cuda.bindings.driver as cuda
-import cutlass
-import cutlass.cute as cute
-from cutlass import Int32, Int64
+# mla imports this module (for check_limits) before pipelines.launch; never let the DSL default to
+# another arch on a machine without a GPU.
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-from .planner import BEGIN_BLOCK, BEGIN_REQ, BEGIN_SPLIT, BLOCK_N, END_BLOCK, END_REQ, FIXED_COST, METADATA_WIDTH
+import cuda.bindings.driver as cuda  # noqa: E402
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass import Int32, Int64  # noqa: E402
+
+from .planner import (BEGIN_BLOCK, BEGIN_REQ, BEGIN_SPLIT, BLOCK_N, END_BLOCK, END_REQ,  # noqa: E402
+                      FIXED_COST, METADATA_WIDTH)
 
 THREADS = 256
 NUM_WARPS = THREADS // 32
