@@ -84,6 +84,7 @@ def test_no_host_sync():
     finally:
         torch.cuda.set_sync_debug_mode(0)
 
+    del meta, splits, sched  # the busy check below reuses their allocator blocks (no cudaMalloc)
     busy_done = torch.cuda.Event()
     torch.cuda._sleep(int(1e9))  # about half a second of GPU time
     busy_done.record()
@@ -102,9 +103,9 @@ def test_graph_of_plan_and_decode_follows_lengths_changed_in_place(s_q, h_q, cau
     graph re-plans on the device, and the output matches the reference for the new lengths."""
     from mla.reference import compare_to_reference, mla_decode_reference
 
-    longest = [3000, 50, 9000, 0, 700, 16000, 64, 1]  # the cache holds these many tokens per request
-    schedules = [[3000, 50, 9000, 0, 700, 16000, 64, 1], [1, 0, 9000, 16000, 65, 2, 0, 1],
-                 [128, 50, 4000, 0, 700, 15999, 64, 1], [0] * 8]
+    longest = [3000, 50, 9000, 4000, 700, 16000, 64, 1]  # the cache holds these many tokens per request
+    schedules = [[3000, 50, 9000, 0, 700, 16000, 64, 1], [1, 0, 9000, 4000, 65, 2, 0, 1],
+                 [128, 50, 4000, 0, 700, 15999, 64, 1], [0] * 8]  # each <= longest, request by request
     prob = make_decode_problem(longest, s_q=s_q, h_q=h_q, device="cuda", seed=3)
     q = (prob.q.float() / 10).clamp(-1, 1).to(prob.q.dtype)
     k_cache = (prob.k_cache.float() / 10).clamp(-1, 1).to(prob.q.dtype)
@@ -115,10 +116,13 @@ def test_graph_of_plan_and_decode_follows_lengths_changed_in_place(s_q, h_q, cau
     dec.plan(cache_seqlens, **kwargs)  # allocates and compiles outside the capture
     dec.run(q, k_cache, prob.block_table, cache_seqlens, out=out)
     torch.cuda.synchronize()
+    buffers = [dec.tile_scheduler_metadata, dec.num_splits, dec._o_accum, dec._lse_accum, dec._lse]
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         dec.plan(cache_seqlens, **kwargs)
         _, lse = dec.run(q, k_cache, prob.block_table, cache_seqlens, out=out)
+    assert [t.data_ptr() for t in buffers] == [t.data_ptr() for t in (
+        dec.tile_scheduler_metadata, dec.num_splits, dec._o_accum, dec._lse_accum, dec._lse)], "plan reallocated"
     parts = dec.tile_scheduler_metadata.shape[0]
     for lengths in schedules:
         cache_seqlens.copy_(torch.tensor(lengths, dtype=torch.int32))
