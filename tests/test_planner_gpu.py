@@ -71,8 +71,10 @@ def test_no_host_sync():
     prob = make_decode_problem([64] * len(lengths), h_q=16, device="cuda")
     dec = mla.MLADecoder()
     kwargs = dict(num_heads_q=16, seq_len_q=1, page_size=64, dtype=torch.bfloat16)
-    mla.get_mla_metadata(cache_seqlens, 16, 1)  # warm-up: compile, allocator blocks
+    mla.get_mla_metadata(cache_seqlens, 16, 1)  # warm-up: compiles, fills the allocator's cache
     dec.plan(cache_seqlens, **kwargs)
+    mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512,
+                               *mla.get_mla_metadata(prob.cache_seqlens, 16, 1))
     torch.cuda.synchronize()
 
     torch.cuda.set_sync_debug_mode("error")
