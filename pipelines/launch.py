@@ -122,3 +122,32 @@ def launch_decode(variant, q, k_cache, block_table, cache_seqlens, tile_schedule
        num_splits_v, out_v, lse_v, o_accum_v, lse_accum_v, cutlass.Float32(softmax_scale), stream)
     # Second stage: requests with one chunk were written by the main kernel; the merge kernel skips them.
     merge(o_accum_v, lse_accum_v, num_splits_v, out_v, lse_v, stream)
+
+
+def compile_planner(options: str | None = None):
+    """Compile (or fetch) the split planner kernel (``split_k.planner_kernel``) with the plan's constants."""
+    def build():
+        from split_k.planner_kernel import SplitPlanner
+        i32 = cutlass.Int32
+        # seqlens [b], metadata [num_parts, 8], num_splits [b + 1]; 4-byte alignment only: the
+        # kernel makes scalar accesses, and cache_seqlens may be any view of an int32 tensor.
+        args = tuple(make_fake_tensor(i32, shape, stride, assumed_align=4) for shape, stride in (
+            ((cute.sym_int32(),), (1,)),
+            ((cute.sym_int32(), cute.sym_int32()), (cute.sym_int64(), 1)),
+            ((cute.sym_int32(),), (1,))))
+        return SplitPlanner(), args + (cute.runtime.make_fake_stream(),)
+
+    return _cached_compile(("planner", options), build)
+
+
+def launch_planner(cache_seqlens, tile_scheduler_metadata, num_splits):
+    """Plan on the current torch stream of cache_seqlens' device into the given int32 tensors
+    (validated by the caller: contiguous, b >= 1, within ``split_k.planner_kernel.check_limits``)."""
+    import torch
+    from cuda.bindings import driver as cuda
+
+    fn = compile_planner()
+    with torch.cuda.device(cache_seqlens.device):
+        stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
+        fn(*(from_dlpack(t, assumed_align=4).mark_layout_dynamic(leading_dim=t.dim() - 1)
+             for t in (cache_seqlens, tile_scheduler_metadata, num_splits)), stream)
