@@ -1,9 +1,17 @@
 """Public API: FlashMLA-compatible functions and a plan/run decoder object.
 
 Kernel path of every entry point: resolve the pipeline name, check that its kernel exists, validate
-every input (``mla.validate``), plan the split (``split_k.planner``), allocate what the caller did
-not pass, then one call of the compiled decode (``pipelines.decode_launcher``). Nothing is launched
-before all checks pass, and no name falls back silently to another pipeline.
+every input (``mla.validate``), plan the split, allocate what the caller did not pass, then one call
+of the compiled decode (``pipelines.decode_launcher``). Nothing is launched before all checks pass,
+and no name falls back silently to another pipeline.
+
+Planning (``planner=``): ``"device"`` runs the planner kernel (``split_k.planner_kernel``) on the
+lengths where they are, with no host synchronisation; ``"host"`` copies the lengths to the host and
+runs ``split_k.planner.plan`` (the reference; both give identical tensors). ``"auto"`` (the default)
+is ``"device"`` for lengths on the CUDA device being planned for and ``"host"`` otherwise. What only
+the host planner can check, because it reads the lengths: negative lengths (``ValueError``) and
+block_table's width against the longest sequence (checked before each launch). With a device plan
+those are the caller's responsibility, as with FlashMLA.
 
 Eager calls are the hot path of an engine whenever a step does not match a captured CUDA graph, so
 the checks are cached per *signature*: each tensor's shape, strides and dtype, q's device, the
@@ -34,6 +42,9 @@ from .reference import HEAD_DIM_V
 PIPELINE_ENV_VAR = "MLA_PIPELINE"
 DEFAULT_PIPELINE = "2wg"
 PIPELINE_CHOICES = ("auto",) + tuple(pipelines.VARIANTS)
+PLANNER_CHOICES = ("auto", "device", "host")
+PLANNER_DEVICE_TYPE = "cuda"
+"""Device type the planner kernel runs on (read at call time, so CPU tests can substitute a fake)."""
 
 
 _ENV_DATA = getattr(os.environ, "_data", None)  # CPython's encoded environment (what os.environ reads)
@@ -85,19 +96,89 @@ def _num_sms(device: torch.device, num_sms: int | None) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
+def check_planner(planner: str) -> str:
+    """``planner`` must be one of ``PLANNER_CHOICES``; returns it."""
+    if not isinstance(planner, str) or planner not in PLANNER_CHOICES:
+        raise ValueError(f"planner must be one of {PLANNER_CHOICES}, got {planner!r}")
+    return planner
+
+
+def resolve_planner(planner: str, lengths_device: torch.device, device: torch.device) -> str:
+    """``"device"`` or ``"host"``: which planner runs for lengths on ``lengths_device`` planned for a
+    kernel on ``device``.
+
+    ``"auto"`` is ``"device"`` when the lengths already lie on ``device`` and it is a CUDA device,
+    else ``"host"`` (CPU lengths are read without a sync anyway). ``"device"`` for lengths elsewhere
+    raises ``ValueError``; ``"host"`` always plans on the host.
+    """
+    check_planner(planner)
+    on_device = lengths_device.type == PLANNER_DEVICE_TYPE and lengths_device == device
+    if planner == "auto":
+        return "device" if on_device else "host"
+    if planner == "device" and not on_device:
+        raise ValueError(f"planner='device' needs cache_seqlens on the {PLANNER_DEVICE_TYPE.upper()} device it plans "
+                         f"for ({device}), got cache_seqlens on {lengths_device}; use planner='host' or 'auto'")
+    return planner
+
+
 @dataclass(frozen=True)
 class PlanInfo:
-    """Host-side facts about a plan, kept so later calls can check against them without a sync."""
-    max_seqlen: int
+    """Host-side facts about a plan, kept so later calls can check against them without a sync.
+
+    ``max_seqlen`` is None for a device plan: the lengths never reached the host, so block_table's
+    width cannot be checked against the longest sequence.
+    """
+    max_seqlen: int | None
     num_parts: int
 
 
-def _plan(lengths: list[int], rows_per_kv: int, h_kv: int, num_sms: int,
-          device: torch.device) -> tuple[torch.Tensor, torch.Tensor, PlanInfo]:
+def _check_device_plan(cache_seqlens: torch.Tensor, num_parts: int) -> None:
+    """What the planner kernel needs, checked before anything is allocated or launched."""
+    from split_k import planner_kernel  # imports the CuTe DSL: only on the device path
+
+    planner_kernel.check_limits(cache_seqlens.shape[0], num_parts)
+    if cache_seqlens.shape[0] > 1 and cache_seqlens.stride(0) != 1:
+        raise ValueError(f"cache_seqlens must be contiguous for the device planner, got stride "
+                         f"{cache_seqlens.stride(0)} (the decode kernels need it contiguous too)")
+
+
+def _empty_plan(batch_size: int, num_parts: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.empty(num_parts, planner.METADATA_WIDTH, dtype=torch.int32, device=device),
+            torch.empty(batch_size + 1, dtype=torch.int32, device=device))
+
+
+def _plan_into(cache_seqlens: torch.Tensor, num_parts: int, mode: str, metadata: torch.Tensor,
+               num_splits: torch.Tensor) -> PlanInfo:
+    """Write the plan of ``cache_seqlens`` into ``metadata`` / ``num_splits`` (device tensors of the
+    plan's shapes) with the ``"device"`` or ``"host"`` planner. The device planner must have passed
+    ``_check_device_plan``; it makes no host sync and no allocation."""
+    if mode == "host":
+        lengths = planner.host_lengths(cache_seqlens, "cache_seqlens")  # a CUDA tensor syncs here
+        host_metadata, host_num_splits = planner.plan(lengths, num_parts)
+        metadata.copy_(host_metadata)
+        num_splits.copy_(host_num_splits)
+        return PlanInfo(max(lengths, default=0), num_parts)
+    if cache_seqlens.shape[0] == 0:  # nothing to scan: every part empty (no kernel for an empty tensor)
+        metadata.zero_()
+        metadata[:, planner.END_REQ] = -1
+        num_splits.zero_()
+    else:
+        if cache_seqlens.stride(0) != 1:  # b == 1: any stride addresses the same element
+            cache_seqlens = cache_seqlens.as_strided((1,), (1,))
+        pipelines.run_planner(cache_seqlens, metadata, num_splits)
+    return PlanInfo(None, num_parts)
+
+
+def _plan(cache_seqlens: torch.Tensor, rows_per_kv: int, h_kv: int, num_sms: int, device: torch.device,
+          planner_choice: str) -> tuple[torch.Tensor, torch.Tensor, PlanInfo]:
+    """Plan into new tensors on ``device`` (see ``resolve_planner`` for ``planner_choice``)."""
     parts = planner.num_sm_parts(num_sms, rows_per_kv, h_kv)
-    metadata, num_splits = planner.plan(lengths, parts)
-    info = PlanInfo(max(lengths, default=0), parts)
-    return metadata.to(device), num_splits.to(device), info
+    mode = resolve_planner(planner_choice, cache_seqlens.device, device)
+    if mode == "device":
+        _check_device_plan(cache_seqlens, parts)
+    metadata, num_splits = _empty_plan(cache_seqlens.shape[0], parts, device)
+    info = _plan_into(cache_seqlens, parts, mode, metadata, num_splits)
+    return metadata, num_splits, info
 
 
 # ----------------------------------------------------------------------------------- FlashMLA API
@@ -105,13 +186,16 @@ def _plan(lengths: list[int], rows_per_kv: int, h_kv: int, num_sms: int,
 @dataclass
 class MLASchedMeta:
     """Lazy split plan (FlashMLA's newer form): empty until the first ``flash_mla_with_kvcache`` call
-    that receives it, which plans from that call's ``cache_seqlens`` (one device-to-host copy).
+    that receives it, which plans from that call's ``cache_seqlens``: with the planner kernel on the
+    GPU, no host sync (``planner="auto"``/``"device"``), or on the host (``planner="host"``: one
+    device-to-host copy, and block_table's width is checked against the longest sequence).
 
     Reuse it only while the batch shape, head counts, page size, causal flag and the *values* of
     ``cache_seqlens`` stay the same; a shape or flag change raises ``ValueError``, a change of
     lengths cannot be detected without a sync (make a new object, as with FlashMLA).
     """
     num_sms: int | None = None
+    planner: str = "auto"
     have_initialized: bool = False
     config: tuple | None = None  # (b, s_q, h_q, page_size, h_kv, causal)
     tile_scheduler_metadata: torch.Tensor | None = None
@@ -119,6 +203,9 @@ class MLASchedMeta:
     info: PlanInfo | None = None
 
     _CONFIG_NAMES = ("batch size", "s_q", "h_q", "page_size", "h_kv", "causal")
+
+    def __post_init__(self):
+        check_planner(self.planner)
 
     def _ensure(self, shape: validate.DecodeShape, cache_seqlens: torch.Tensor) -> None:
         config = (shape.batch_size, shape.s_q, shape.h_q, shape.page_size, shape.h_kv, shape.causal)
@@ -128,38 +215,44 @@ class MLASchedMeta:
                     raise ValueError(f"tile_scheduler_metadata was planned for {name} = {planned!r}, this call has "
                                      f"{got!r}; use a new get_mla_metadata() object per configuration")
             return
-        lengths = planner.host_lengths(cache_seqlens, "cache_seqlens")
         num_sms = _num_sms(shape.device, self.num_sms)
         self.tile_scheduler_metadata, self.num_splits, self.info = _plan(
-            lengths, shape.rows, shape.h_kv, num_sms, shape.device)
+            cache_seqlens, shape.rows, shape.h_kv, num_sms, shape.device, self.planner)
         self.config = config
         self.have_initialized = True
 
 
 def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_heads_per_head_k: int | None = None,
-                     num_heads_k: int | None = None, *, num_sms: int | None = None):
+                     num_heads_k: int | None = None, *, num_sms: int | None = None, planner: str = "auto"):
     """Plan the split-kv schedule (FlashMLA's ``get_mla_metadata``).
 
     Classic form: ``get_mla_metadata(cache_seqlens, s_q * h_q // h_kv, h_kv)``.
 
     Args:
-        cache_seqlens: int32 ``[b]`` key counts, usually on the GPU; copied to the host once.
+        cache_seqlens: int32 ``[b]`` key counts, usually on the GPU.
         num_heads_per_head_k: query rows per kv head, ``s_q * h_q // h_kv``.
         num_heads_k: ``h_kv`` (1 for DeepSeek MLA).
         num_sms: SM count to plan for; default: the multiprocessor count of cache_seqlens' CUDA
             device (required when cache_seqlens is on the CPU).
+        planner: ``"auto"`` (default): the planner kernel for CUDA lengths (no host sync, capturable
+            in a CUDA graph; ``b <= split_k.planner_kernel.MAX_BATCH``), the host planner for CPU
+            lengths. ``"device"``: the kernel (CUDA lengths only). ``"host"``: copy the lengths to
+            the host and plan there (syncs; rejects negative lengths; lets
+            ``flash_mla_with_kvcache`` check block_table's width against the longest sequence).
 
     Returns:
         ``(tile_scheduler_metadata, num_splits)``: int32 ``[num_sm_parts, 8]`` and int32 ``[b + 1]``
-        on cache_seqlens' device, in the layout of ``split_k.planner``. Pass both to
-        ``flash_mla_with_kvcache`` unchanged.
+        on cache_seqlens' device, in the layout of ``split_k.planner`` (identical for both planners).
+        Pass both to ``flash_mla_with_kvcache`` unchanged.
 
     Newer form: ``get_mla_metadata()`` with no positional arguments returns ``(MLASchedMeta(), None)``,
-    a lazy plan filled by the first ``flash_mla_with_kvcache`` call that uses it.
+    a lazy plan filled by the first ``flash_mla_with_kvcache`` call that uses it (``num_sms`` and
+    ``planner`` apply to it).
     """
+    check_planner(planner)
     args = (cache_seqlens, num_heads_per_head_k, num_heads_k)
     if all(a is None for a in args):
-        return MLASchedMeta(num_sms=num_sms), None
+        return MLASchedMeta(num_sms=num_sms, planner=planner), None
     if any(a is None for a in args):
         raise TypeError("get_mla_metadata takes either no positional arguments (lazy form) or all of "
                         "cache_seqlens, num_heads_per_head_k, num_heads_k")
@@ -168,10 +261,10 @@ def get_mla_metadata(cache_seqlens: torch.Tensor | None = None, num_heads_per_he
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     n_sms = _num_sms(cache_seqlens.device, num_sms)
-    lengths = planner.host_lengths(cache_seqlens, "cache_seqlens")
-    metadata, num_splits, info = _plan(lengths, num_heads_per_head_k, num_heads_k, n_sms, cache_seqlens.device)
-    # Remembered on the tensor so flash_mla_with_kvcache can check block_table's width and the
-    # batch size without reading the lengths again (lost if the caller copies the tensor).
+    metadata, num_splits, info = _plan(cache_seqlens, num_heads_per_head_k, num_heads_k, n_sms,
+                                       cache_seqlens.device, planner)
+    # Remembered on the tensor so flash_mla_with_kvcache can check the block_table's width (host
+    # plans only) without reading the lengths again (lost if the caller copies the tensor).
     metadata._mla_plan_info = info
     return metadata, num_splits
 
@@ -282,7 +375,9 @@ def _check_flash_call(variant, q, k_cache, block_table, cache_seqlens, head_dim_
     else:
         info = getattr(tile_scheduler_metadata, "_mla_plan_info", None)
     validate.check_metadata(tile_scheduler_metadata, num_splits, shape.batch_size, shape.device)
-    if info is not None:  # absent when the caller copied the metadata (e.g. into a graph's static buffer)
+    # Only a host plan knows the longest sequence; the info is also absent when the caller copied
+    # the metadata (e.g. into a graph's static buffer).
+    if info is not None and info.max_seqlen is not None:
         validate.check_block_table_width(shape.max_pages, shape.page_size, info.max_seqlen)
     launch = _launcher(variant, shape) if launcher else None
     return _Call(variant, launch, (shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V), (shape.batch_size, shape.h_q, shape.s_q),
@@ -319,12 +414,14 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         ValueError / TypeError for invalid inputs (before any launch); NotImplementedError when the
         pipeline has no kernel yet.
 
-    No host synchronisation unless the metadata is a fresh ``MLASchedMeta`` (its first call plans).
-    Allocates out (if not given), lse and the split-kv workspace (one buffer) on every call; use
-    ``MLADecoder`` to allocate once. The first call of a configuration loads (or compiles) its
-    kernel; the checks of a call signature run once (module docstring). Under ``torch.compile``
-    this traces to ``torch.ops.mla.decode`` (plan a lazy ``MLASchedMeta`` before compiling: its
-    first use reads the lengths on the host).
+    No host synchronisation, unless the metadata is a fresh ``MLASchedMeta`` planned on the host.
+    block_table's width is checked against the longest sequence only for host plans (the device
+    planner never sees the lengths on the host); with a device plan a too-narrow block_table is
+    read out of bounds, as with FlashMLA. Allocates out (if not given), lse and the split-kv
+    workspace (one buffer) on every call; use ``MLADecoder`` to allocate once. The first call of a
+    configuration loads (or compiles) its kernel; the checks of a call signature run once (module
+    docstring). Under ``torch.compile`` this traces to ``torch.ops.mla.decode`` (plan a lazy
+    ``MLASchedMeta`` before compiling).
     """
     if torch.compiler.is_compiling():
         return _flash_mla_traced(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
@@ -394,15 +491,19 @@ def _flash_mla_traced(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_s
 class MLADecoder:
     """Plan once, run many times: host work in ``plan``, none in ``run``.
 
-    ``plan`` validates the configuration, copies the lengths to the host once (none if they are
-    already on the CPU), builds the split plan, allocates the plan tensors, the split-kv workspace
-    and an lse buffer on the device, and loads (or compiles) the kernel. ``run`` checks the tensors'
+    ``plan`` validates the configuration, builds the split plan, loads (or compiles) the kernel and,
+    the first time (or for another batch size, head count, s_q or device), allocates the plan
+    tensors, the split-kv workspace and an lse buffer on the device. ``run`` checks the tensors'
     metadata (once per signature) and launches: no host synchronisation, and no allocation when
     ``out`` is given, so it can be captured in a CUDA graph.
 
     Re-planning with the same batch size, heads, s_q and device keeps every device buffer at the same
-    address (new values are copied in), so a captured graph stays valid after ``plan`` for new lengths
-    (call ``plan`` outside the capture: it synchronises).
+    address (the new plan is written in place), so a captured graph stays valid after ``plan`` for
+    new lengths. With the device planner (the default for CUDA lengths) ``plan`` itself makes no
+    host sync and, when it reuses the buffers, no allocation: it can be captured in the same graph
+    as ``run`` (plan once outside the capture first, to allocate and compile), and the graph then
+    re-plans from whatever ``cache_seqlens`` holds at replay. With ``planner="host"`` ``plan`` copies
+    the lengths to the host (a sync): call it outside the capture.
 
     Example::
 
@@ -411,11 +512,14 @@ class MLADecoder:
         out, lse = dec.run(q, k_cache, block_table, cache_seqlens, out=out)
     """
 
-    def __init__(self, pipeline: str = "auto", *, num_sms: int | None = None):
+    def __init__(self, pipeline: str = "auto", *, num_sms: int | None = None, planner: str = "auto"):
         """``pipeline``: ``"auto"``/``"2wg"``/``"3wg"`` (resolved now, ``MLA_PIPELINE`` read now);
-        ``num_sms``: SM count to plan for (default: the device's)."""
+        ``num_sms``: SM count to plan for (default: the device's); ``planner``: ``"auto"``/
+        ``"device"``/``"host"`` (see ``get_mla_metadata``; ``"auto"`` is the kernel for lengths on the
+        planned CUDA device, the host planner otherwise)."""
         self.variant = resolve_pipeline(pipeline)
         self._num_sms = num_sms
+        self._planner = check_planner(planner)
         self._planned: validate.DecodeShape | None = None
         self._info: PlanInfo | None = None
         self.tile_scheduler_metadata: torch.Tensor | None = None
@@ -427,11 +531,11 @@ class MLADecoder:
     def plan(self, cache_seqlens: torch.Tensor, *, num_heads_q: int, seq_len_q: int = 1, num_heads_k: int = 1,
              page_size: int = 64, dtype: torch.dtype = torch.bfloat16, head_dim_v: int = HEAD_DIM_V,
              softmax_scale: float | None = None, causal: bool = False, device=None) -> None:
-        """Do the host work for a batch.
+        """Plan a batch (see the class docstring for what is reused and when it syncs).
 
         Args:
-            cache_seqlens: int32 ``[b]`` key counts (CPU or GPU; a GPU tensor is copied once).
-                ``run`` must get the same values.
+            cache_seqlens: int32 ``[b]`` key counts (CPU or GPU). ``run`` must get the same values;
+                a graph that captured ``plan`` re-plans from the values at replay.
             num_heads_q: ``h_q`` (1..128 per kv head); seq_len_q: ``s_q`` (1..4);
             num_heads_k: ``h_kv`` (``num_heads_q`` must be a multiple of it).
             page_size: ``k_cache.shape[1]``, one the pipeline supports.
@@ -439,12 +543,15 @@ class MLADecoder:
             head_dim_v: 512. softmax_scale: default ``576 ** -0.5``. causal: bottom-right causal.
             device: where the kernel runs; default cache_seqlens' device (must be CUDA).
 
-        Raises ValueError/TypeError for an invalid configuration, NotImplementedError when the
-        pipeline has no kernel yet.
+        Raises ValueError/TypeError for an invalid configuration (or, with the host planner, a
+        negative length), NotImplementedError when the pipeline has no kernel yet; all before
+        anything is allocated or launched.
         """
         require_kernel(self.variant)
         cache_seqlens = validate.check_seqlens_tensor(cache_seqlens)
         device = torch.device(device) if device is not None else cache_seqlens.device
+        if device.type == "cuda" and device.index is None:  # compare like the tensors' devices
+            device = torch.device("cuda", torch.cuda.current_device())
         if device.type != validate.KERNEL_DEVICE_TYPE:
             raise ValueError(f"device must be a {validate.KERNEL_DEVICE_TYPE.upper()} device, got {device}")
         for name, value in (("num_heads_q", num_heads_q), ("seq_len_q", seq_len_q),
@@ -466,24 +573,34 @@ class MLADecoder:
         _check_kernel_shape(shape, self.variant)
         shape = dataclasses.replace(shape, device=device)
 
-        lengths = planner.host_lengths(cache_seqlens, "cache_seqlens")
-        metadata, num_splits, info = _plan(lengths, shape.rows, shape.h_kv, _num_sms(device, self._num_sms), device)
-        launch = _launcher(self.variant, shape)  # the first plan of a configuration loads or compiles it
-        if self._reusable(shape, info):
-            self.tile_scheduler_metadata.copy_(metadata)
-            self.num_splits.copy_(num_splits)
+        parts = planner.num_sm_parts(_num_sms(device, self._num_sms), shape.rows, shape.h_kv)
+        mode = resolve_planner(self._planner, cache_seqlens.device, device)
+        if mode == "host":  # read (and check) the lengths before touching any buffer
+            lengths = planner.host_lengths(cache_seqlens, "cache_seqlens")
+            cache_seqlens = torch.tensor(lengths, dtype=torch.int32)
         else:
+            _check_device_plan(cache_seqlens, parts)
+        # The first plan of a configuration loads (or compiles) its kernel; later ones, captured
+        # in a CUDA graph included, find it in memory.
+        launch = _launcher(self.variant, shape)
+        reuse = self._reusable(shape, parts)
+        if reuse:
+            metadata, num_splits = self.tile_scheduler_metadata, self.num_splits
+        else:
+            metadata, num_splits = _empty_plan(b, parts, device)
+        info = _plan_into(cache_seqlens, parts, mode, metadata, num_splits)
+        if not reuse:
             self.tile_scheduler_metadata, self.num_splits = metadata, num_splits
-            self._workspace = torch.empty(_workspace_numel(shape, info.num_parts), dtype=torch.float32, device=device)
+            self._workspace = torch.empty(_workspace_numel(shape, parts), dtype=torch.float32, device=device)
             self._lse = torch.empty(shape.batch_size, shape.h_q, shape.s_q, dtype=torch.float32, device=device)
         self._planned, self._info, self._launch, self._scale = shape, info, launch, shape.softmax_scale
         self._out_shape = (shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V)
         self._checked = {}
 
-    def _reusable(self, shape: validate.DecodeShape, info: PlanInfo) -> bool:
+    def _reusable(self, shape: validate.DecodeShape, num_parts: int) -> bool:
         """Whether the buffers of the previous plan fit this one exactly (same shapes, same device)."""
         old = self._planned
-        return (old is not None and self._info.num_parts == info.num_parts
+        return (old is not None and self._info.num_parts == num_parts
                 and (old.batch_size, old.s_q, old.h_q, old.h_kv, old.device)
                 == (shape.batch_size, shape.s_q, shape.h_q, shape.h_kv, shape.device))
 
@@ -499,7 +616,8 @@ class MLADecoder:
                                 ("dtype", planned.dtype, shape.dtype), ("device", planned.device, shape.device)):
             if want != got:
                 raise ValueError(f"run() got {name} {got}, but plan() was made for {want}")
-        validate.check_block_table_width(shape.max_pages, shape.page_size, self._info.max_seqlen)
+        if self._info.max_seqlen is not None:  # a host plan: the longest sequence is known
+            validate.check_block_table_width(shape.max_pages, shape.page_size, self._info.max_seqlen)
         return shape
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
@@ -515,8 +633,9 @@ class MLADecoder:
                 (allocated by ``plan``, overwritten by every run) is used and returned.
 
         Returns ``(out, lse)``. Raises ``RuntimeError`` before ``plan`` and ``ValueError`` when the
-        inputs differ from the plan. The checks run once per signature of the arguments (shapes,
-        strides, dtypes, devices) and plan; later calls test only the data-pointer alignment.
+        inputs differ from the plan, or (host plans only) when block_table is too narrow for the
+        longest planned sequence; with a device plan that width is the caller's to guarantee. The
+        checks run once per signature of the arguments and plan (module docstring).
         """
         if self._planned is None:
             raise RuntimeError("MLADecoder.run called before plan()")

@@ -3,7 +3,7 @@
     python -m mla.compile_check [--variant NAME ...] [--keep DIR]
 
 For each variant this compiles a few static configurations of the host entry the API calls (decode
-and split-kv merge kernels, TVM-FFI; and the merge kernel alone) with the CuTe DSL
+and split-kv merge kernels, TVM-FFI), and the merge and planner kernels alone, with the CuTe DSL
 (``CUTE_DSL_ARCH=sm_90a``, fake tensors), disassembles the cubin with ``nvdisasm`` and
 counts the instructions that show the variant is on the intended path: ``HGMMA`` (wgmma),
 ``UTMALDG`` (TMA loads), ``UTMALDG...MULTICAST``, ``USETMAXREG`` (register reallocation), ``LDGSTS``
@@ -45,7 +45,7 @@ class Target:
     ``need``: instructions that must appear (count > 0); ``forbid``: ones that must not.
     """
     name: str
-    kind: str  # "decode" or "merge"
+    kind: str  # "decode", "merge" or "planner"
     variant: str | None
     dtype: str
     h_q: int
@@ -69,6 +69,8 @@ def targets(variants: list[str]) -> list[Target]:
         out.append(Target(f"{v} bf16 h128 s_q1", "decode", v, "bfloat16", 128, 1, False, **p))
         out.append(Target(f"{v} fp16 h16 s_q2 causal", "decode", v, "float16", 16, 2, True, **p))
     out.append(Target("merge bf16 h128 s_q1", "merge", None, "bfloat16", 128, 1, False, need=()))
+    # The planner: one CTA of scalar code; its walk must stay in registers.
+    out.append(Target("planner", "planner", None, "int32", 0, 0, False, need=()))
     return out
 
 
@@ -104,8 +106,10 @@ def compile_target(t: Target, dump_dir: str):
         # SASS that runs; its cubin holds both kernels.
         config = launch.DecodeConfig.make(t.variant, t.dtype, t.h_q, t.s_q, 64, t.causal)
         fn = launch.compile_entry(config, options=options)
-    else:
+    elif t.kind == "merge":
         fn = launch.compile_merge(t.dtype, t.h_q, t.s_q, options=options)
+    else:
+        fn = launch.compile_planner(options=options)
     return fn.artifacts.CUBIN
 
 

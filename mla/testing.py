@@ -1,11 +1,15 @@
 """Helpers for tests, the ``python -m mla`` self-check and benchmarks: random decode problems laid out
-as the anchors test them, and the Hopper-GPU probe that decides whether GPU tests run."""
+as the anchors test them, the Hopper-GPU probe that decides whether GPU tests run, and random split
+planner inputs (``plan_cases``)."""
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Sequence
 
 import torch
+
+from split_k import planner
 
 from .reference import HEAD_DIM_QK
 
@@ -25,13 +29,15 @@ class DecodeProblem:
 
 def make_decode_problem(seqlens: Sequence[int], *, s_q: int = 1, h_q: int = 16, h_kv: int = 1,
                         page_size: int = 64, head_dim: int = HEAD_DIM_QK, dtype: torch.dtype = torch.bfloat16,
-                        device="cpu", seed: int = 0) -> DecodeProblem:
+                        device="cpu", seed: int = 0, value_scale: float | None = None) -> DecodeProblem:
     """A random paged decode problem.
 
     Pages are assigned in a random permutation; every cache slot that holds no token (the tail of
     each request's last page) is NaN; block_table entries past a request's last page are
     ``UNUSED_PAGE_ID``. Values are drawn on the CPU from ``seed``, so the problem is the same on
-    every device.
+    every device: standard normal, or with ``value_scale`` the anchors' distribution
+    ``clamp(randn * value_scale, -1, 1)`` (FlashMLA's tests use 0.1; their tolerances, which
+    ``mla.reference.compare_to_reference`` adopts, are calibrated for it).
     """
     gen = torch.Generator().manual_seed(seed)
     b = len(seqlens)
@@ -40,7 +46,7 @@ def make_decode_problem(seqlens: Sequence[int], *, s_q: int = 1, h_q: int = 16, 
     order = torch.randperm(num_pages, generator=gen).tolist()
     block_table = torch.full((b, max(max(pages_per_req, default=0), 1)), UNUSED_PAGE_ID, dtype=torch.int32)
     k_cache = torch.full((num_pages, page_size, h_kv, head_dim), float("nan"), dtype=dtype)
-    values = torch.randn(num_pages, page_size, h_kv, head_dim, generator=gen).to(dtype)
+    values = _draw((num_pages, page_size, h_kv, head_dim), gen, value_scale).to(dtype)
     next_page = 0
     for r, (n, n_pages) in enumerate(zip(seqlens, pages_per_req)):
         for p in range(n_pages):
@@ -49,9 +55,14 @@ def make_decode_problem(seqlens: Sequence[int], *, s_q: int = 1, h_q: int = 16, 
             block_table[r, p] = page
             used = min(page_size, n - p * page_size)
             k_cache[page, :used] = values[page, :used]
-    q = torch.randn(b, s_q, h_q, head_dim, generator=gen).to(dtype)
+    q = _draw((b, s_q, h_q, head_dim), gen, value_scale).to(dtype)
     cache_seqlens = torch.tensor(list(seqlens), dtype=torch.int32)
     return DecodeProblem(q.to(device), k_cache.to(device), block_table.to(device), cache_seqlens.to(device))
+
+
+def _draw(shape, gen, value_scale):
+    x = torch.randn(shape, generator=gen)
+    return x if value_scale is None else (x * value_scale).clamp_(-1.0, 1.0)
 
 
 def hopper_skip_reason() -> str | None:
@@ -62,3 +73,82 @@ def hopper_skip_reason() -> str | None:
     if major != 9:
         return f"needs a Hopper GPU (sm_90), found {torch.cuda.get_device_name()} (sm_{major}{minor})"
     return None
+
+
+# ------------------------------------------------------------------------------------ plan cases
+
+PLAN_CASE_NUM_SMS = 132
+"""SM count the plan cases use when none is given (H100 SXM / H200)."""
+
+
+@dataclass(frozen=True)
+class PlanCase:
+    """One input of the split planner: lengths and the rows they are planned for."""
+    lengths: list[int]
+    s_q: int
+    h_q: int
+    num_parts: int
+
+    def __str__(self) -> str:
+        longest = max(self.lengths, default=0)
+        return f"b{len(self.lengths)}-sq{self.s_q}-h{self.h_q}-parts{self.num_parts}-max{longest}"
+
+
+def plan_cases(seed: int, count: int, num_sms: int = PLAN_CASE_NUM_SMS) -> list[PlanCase]:
+    """Random planner inputs as the issue asks for them: b in 1..1024 (skewed small), some zero
+    lengths, lengths up to 128k (and a few past it), rows from s_q 1..4 and h_q 1..128, hence
+    different ``num_parts``; plus the shapes that stress the plan's corners (every length zero,
+    one long request, all-equal lengths, a long tail). Deterministic in ``seed``. Shared by the CPU
+    tests of the kernel's Python model and the GPU tests of the kernel, so a new corner case added
+    here is checked by both.
+    """
+    rng = random.Random(seed)
+    cases = []
+    for i in range(count):
+        b = rng.choice([1, 2, 3, 5, 8, 16, 33, 64, 100, 128, 129, 255, 256, 500, 1000, 1024])
+        kind = i % 6
+        if kind == 0:  # mixed, with zeros
+            lengths = [0 if rng.random() < 0.2 else rng.randint(1, 8192) for _ in range(b)]
+        elif kind == 1:  # long tail up to 128k+
+            lengths = [rng.randint(100_000, 140_000) if rng.random() < 0.1 else rng.randint(0, 4096)
+                       for _ in range(b)]
+        elif kind == 2:  # all equal
+            lengths = [rng.choice([1, 64, 65, 4096, 131072])] * b
+        elif kind == 3:  # short, many fit one part
+            lengths = [rng.randint(0, 200) for _ in range(b)]
+        elif kind == 4:  # one or two long requests among short ones
+            lengths = [rng.randint(0, 300) for _ in range(b)]
+            for _ in range(min(2, b)):
+                lengths[rng.randrange(b)] = rng.randint(64_000, 131_072)
+        else:  # every length zero, or a single request
+            lengths = [0] * b if rng.random() < 0.5 else [rng.randint(0, 131_072)]
+        s_q, h_q = rng.randint(1, 4), rng.choice([1, 3, 16, 32, 63, 64, 65, 126, 128])
+        cases.append(PlanCase(lengths, s_q, h_q, planner.num_sm_parts(num_sms, s_q * h_q, 1)))
+    return cases
+
+
+def edge_plan_cases(num_sms: int = PLAN_CASE_NUM_SMS) -> list[PlanCase]:
+    """Planner corners beyond ``plan_cases``: int32-extreme lengths whose budgets reach 2^30 (where
+    the kernel switches its walk from 32-bit to 64-bit arithmetic) or stop just below it, the
+    largest batch the kernel plans, more parts than tiles, many parts for one request, every
+    length zero. ``num_parts`` is set directly where the corner needs it."""
+    from split_k import planner_kernel
+
+    top = 2**31 - 1  # ceil(top / 64) = 2^25 tiles
+    cap_tiles = planner_kernel.CAP - planner.FIXED_COST * 33  # with one part: payload = CAP - 1 + extra
+    rng = random.Random(12345)
+    cases = []
+    # 40 x 2^25 tiles: payload past 2^30 for one part, below it for more; 80 and 97: splits in the
+    # 64-bit walk.
+    for count, parts in ((40, 1), (40, 2), (40, 3), (40, num_sms), (80, 2), (97, 3)):
+        cases.append(PlanCase([top] * count, 1, 16, parts))
+    for extra in (0, 1):  # payload CAP - 1 (32-bit walk) and CAP (64-bit walk)
+        last = cap_tiles - 1 + extra - 31 * 2**25
+        cases.append(PlanCase([top] * 31 + [last * 64], 1, 16, 1))
+    b = planner_kernel.MAX_BATCH
+    for parts in (num_sms, planner_kernel.MAX_PARTS):
+        cases.append(PlanCase([rng.choice([0, rng.randint(1, 4096)]) for _ in range(b)], 1, 16, parts))
+    cases.append(PlanCase([1, 0, 1], 1, 16, num_sms))
+    cases.append(PlanCase([131072], 1, 16, planner_kernel.MAX_PARTS))
+    cases.append(PlanCase([0] * 1000, 1, 16, num_sms))
+    return cases

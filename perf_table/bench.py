@@ -170,6 +170,49 @@ def time_graph(fn, replays: int = 100, warmup: int = 3) -> list[float]:
     return times
 
 
+PLANNER_BATCHES = (1, 64, 128, 512, 1024)
+"""Batch sizes ``python -m perf_table planner`` times by default (the issue's target is b = 128)."""
+
+
+def time_planner(batch_size: int, rows: int = 16, mean_seqlen: int = 4096, replays: int = 200,
+                 seed: int = 0) -> dict:
+    """The split planner kernel alone: ``mla.get_mla_metadata(cache_seqlens, rows, 1,
+    planner="device")`` captured in a CUDA graph (the graph holds only the planner kernel), median
+    and 10th/90th percentiles of ``replays`` replays, in microseconds. For scale, the same for a
+    graph of one tiny torch kernel (``floor_us``: what any one-kernel graph costs here), and the
+    eager host time of one ``get_mla_metadata`` call (``eager_call_us``: wall time per call over
+    back-to-back calls, dominated by the host-side launch path). Lengths ~ N(mean, mean/2)
+    clipped at 0, seeded.
+    """
+    import time
+
+    import torch
+
+    import mla
+
+    gen = torch.Generator().manual_seed(seed)
+    lengths = (torch.randn(batch_size, generator=gen) * (mean_seqlen / 2) + mean_seqlen).clamp(min=0).round()
+    cache_seqlens = lengths.to(torch.int32).cuda()
+    num_parts = mla.get_mla_metadata(cache_seqlens, rows, 1, planner="device")[0].shape[0]
+    samples = sorted(time_graph(lambda: mla.get_mla_metadata(cache_seqlens, rows, 1, planner="device"),
+                                replays=replays))
+    tiny = torch.zeros(1, device="cuda")
+    floor = statistics.median(time_graph(lambda: tiny.add_(1.0), replays=replays))
+    calls = 200
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(calls):
+        mla.get_mla_metadata(cache_seqlens, rows, 1, planner="device")
+    torch.cuda.synchronize()
+    eager = (time.perf_counter() - start) / calls * 1e6
+    return {
+        "batch_size": batch_size, "rows": rows, "num_parts": num_parts, "mean_seqlen": mean_seqlen,
+        "median_us": statistics.median(samples), "p10_us": samples[len(samples) // 10],
+        "p90_us": samples[(9 * len(samples)) // 10], "floor_us": floor, "eager_call_us": eager,
+        "replays": replays,
+    }
+
+
 def _median_event_us(torch, fn, reps: int, warmup: int = 3) -> float:
     for _ in range(warmup):
         fn()

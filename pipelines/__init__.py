@@ -59,3 +59,12 @@ def run_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_m
     launch = decode_launcher(variant, q.dtype, q.shape[2], q.shape[1], k_cache.shape[1], causal, k_cache.shape[2])
     launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
            float(softmax_scale))
+
+
+def run_planner(cache_seqlens, tile_scheduler_metadata, num_splits):
+    """Write the split plan of ``cache_seqlens`` (int32 ``[b]``, contiguous, ``b >= 1``) into
+    ``tile_scheduler_metadata`` (int32 ``[num_parts, 8]``) and ``num_splits`` (int32 ``[b + 1]``) with
+    the planner kernel of ``split_k.planner_kernel``, on the current stream: no host sync, no
+    allocation. Inputs already validated by ``mla`` (``split_k.planner_kernel.check_limits``)."""
+    from pipelines.launch import launch_planner
+    launch_planner(cache_seqlens, tile_scheduler_metadata, num_splits)

@@ -301,3 +301,37 @@ def compile_merge(dtype: str, num_heads: int, seqlen_q: int, options: str | None
             cute.runtime.make_fake_stream())
     kernel = SplitMerge(cdt, num_heads, seqlen_q)
     return cute.compile(kernel, *args) if options is None else cute.compile(kernel, *args, options=options)
+
+
+# ------------------------------------------------------------------------------- the planner
+
+def planner_args() -> tuple:
+    """Fake arguments of ``split_k.planner_kernel.SplitPlanner``: seqlens ``[b]``, metadata
+    ``[num_parts, 8]``, num_splits ``[b + 1]``, all int32 with 4-byte alignment only (the kernel makes
+    scalar accesses, and cache_seqlens may be any view of an int32 tensor); the stream from the
+    environment (TVM-FFI), as for the decode entry."""
+    i32 = cutlass.Int32
+    tensors = tuple(make_fake_tensor(i32, shape, stride, assumed_align=4) for shape, stride in (
+        ((cute.sym_int32(),), (1,)),
+        ((cute.sym_int32(), cute.sym_int32()), (cute.sym_int64(), 1)),
+        ((cute.sym_int32(),), (1,))))
+    return tensors + (cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),)
+
+
+def compile_planner(options: str | None = None):
+    """``cute.compile`` of the split planner kernel (``split_k.planner_kernel``) with TVM-FFI."""
+    from split_k.planner_kernel import SplitPlanner
+    opts = TVM_FFI_OPTION if not options else f"{TVM_FFI_OPTION} {options}"
+    return cute.compile(SplitPlanner(), *planner_args(), options=opts)
+
+
+PLANNER_KEY = ("planner",)
+
+
+def launch_planner(cache_seqlens, tile_scheduler_metadata, num_splits):
+    """Plan on the current torch stream of cache_seqlens' device into the given int32 tensors
+    (validated by the caller: contiguous, b >= 1, within ``split_k.planner_kernel.check_limits``).
+    One TVM-FFI call: the kernel comes from the kernel cache (memory, disk, or compiled once), the
+    stream and device from the tensors."""
+    fn = kernel_cache().get(PLANNER_KEY, compile_planner)
+    fn(cache_seqlens, tile_scheduler_metadata, num_splits)

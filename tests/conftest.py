@@ -8,6 +8,9 @@
   (``split_decode_reference``), recording every configuration asked for and every call.
 - Every test starts with the API's signature caches empty (``mla.api.clear_caches``): the fixtures
   change the pipeline registry, which the caches assume fixed for a process.
+- ``fake_planner``: makes the device-planner path runnable on the CPU: CPU lengths count as "on the
+  device" and ``pipelines.run_planner`` is replaced by the planner kernel's Python model
+  (``split_k.planner_kernel.kernel_model``) writing into the given tensors, recording every call.
 """
 from __future__ import annotations
 
@@ -15,7 +18,7 @@ import pytest
 import torch
 
 import pipelines
-from mla import validate
+from mla import api, validate
 from mla.reference import split_decode_reference
 from mla.testing import hopper_skip_reason
 
@@ -140,3 +143,29 @@ def no_kernel(monkeypatch):
     """No pipeline has a kernel (the state before the kernels land)."""
     monkeypatch.setattr(pipelines, "available_variants", lambda: [])
     monkeypatch.delenv("MLA_PIPELINE", raising=False)
+
+
+class FakePlanner:
+    """Stands in for ``pipelines.run_planner``: writes the kernel model's plan into the given tensors
+    (in place, as the kernel does) and records what it was handed."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    def __call__(self, cache_seqlens, tile_scheduler_metadata, num_splits):
+        from split_k.planner_kernel import kernel_model
+
+        self.calls.append(dict(cache_seqlens=cache_seqlens, tile_scheduler_metadata=tile_scheduler_metadata,
+                               num_splits=num_splits))
+        assert cache_seqlens.stride(0) == 1, "the kernel is compiled for unit-stride lengths"
+        rows, splits = kernel_model(cache_seqlens.tolist(), tile_scheduler_metadata.shape[0])
+        tile_scheduler_metadata.copy_(torch.tensor(rows, dtype=torch.int32))
+        num_splits.copy_(torch.tensor(splits, dtype=torch.int32))
+
+
+@pytest.fixture
+def fake_planner(monkeypatch):
+    planner = FakePlanner()
+    monkeypatch.setattr(api, "PLANNER_DEVICE_TYPE", "cpu")
+    monkeypatch.setattr(pipelines, "run_planner", planner)
+    return planner

@@ -24,3 +24,5 @@ def test_2wg_compiles_with_its_promises(capsys):
     rows = [line for line in out.splitlines() if line.startswith("2wg")]
     assert len(rows) == 2 and all(line.endswith("ok") for line in rows), out
     assert "merge" in out
+    planner_rows = [line for line in out.splitlines() if line.startswith("planner")]
+    assert len(planner_rows) == 1 and planner_rows[0].endswith("ok"), out

@@ -318,6 +318,19 @@ def test_cli_refuses_without_a_gpu():
     assert "needs a CUDA GPU" in proc.stderr and "regenerate" in proc.stderr
 
 
+def test_planner_timing_cli():
+    from perf_table import __main__ as cli
+
+    args = cli.parse_args(["planner", "--batch", "128", "--batch", "7", "--rows", "64"])
+    assert (args.command, args.batches, args.rows, args.seqlen, args.replays) == ("planner", [128, 7], 64, 4096, 200)
+    assert cli.parse_args(["planner"]).batches is None  # bench.PLANNER_BATCHES
+    if torch.cuda.is_available():
+        return
+    proc = subprocess.run([sys.executable, "-m", "perf_table", "planner"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "planner needs a CUDA GPU" in proc.stderr
+
+
 # ----------------------------------------------------------------------------------- regenerate
 
 @pytest.fixture
