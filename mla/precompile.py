@@ -7,7 +7,9 @@
 
 Every combination of the values given is one compiled entry (decode + merge kernels) keyed by
 (pipeline, dtype, h_q, s_q, page size, causal, h_kv); causal only exists for s_q > 1, where
-``--causal both`` (default) compiles both. A serving engine sharded over tensor-parallel degrees
+``--causal both`` (default) compiles both. The split planner kernel (one entry for every
+configuration; ``get_mla_metadata`` and ``MLADecoder.plan`` run it for CUDA lengths) comes along
+unless ``--no-planner``. A serving engine sharded over tensor-parallel degrees
 lists its per-GPU head counts (DeepSeek-V3's 128 heads: 128, 64, 32, 16 for TP 1, 2, 4, 8).
 Entries already in the cache are loaded and verified, not recompiled. The cache is
 ``$MLA_CACHE_DIR``, else ``$XDG_CACHE_HOME/mla-decode``, else ``~/.cache/mla-decode`` (one
@@ -52,6 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--pipeline", nargs="+", help="default: every pipeline with a kernel")
     parser.add_argument("--causal", choices=sorted(_CAUSAL), default="both",
                         help="for s_q > 1: causal, non-causal or both (default)")
+    parser.add_argument("--no-planner", action="store_true", help="leave out the split planner kernel")
     parser.add_argument("--jobs", type=_positive, default=None,
                         help="compiles in parallel (processes); default: min(entries, cores / 2, 8)")
     parser.add_argument("--list", action="store_true", help="list the cached entries and exit")
@@ -101,12 +104,23 @@ def plan_configs(args: argparse.Namespace) -> tuple[list, list[str]]:
     return list(dict.fromkeys(configs)), skipped
 
 
-def _lookup(config) -> dict:
+PLANNER = "planner"
+"""The planner kernel's item in the list of things to compile (its one entry has no configuration)."""
+
+
+def _label(item) -> str:
+    return "split planner kernel" if item == PLANNER else item.label()
+
+
+def _lookup(item) -> dict:
     """Load or compile one entry (runs in a worker process when --jobs > 1)."""
     from pipelines import launch
 
     start = time.perf_counter()
-    result = launch.lookup_entry(config)
+    if item == PLANNER:
+        result = launch.kernel_cache().lookup(launch.PLANNER_KEY, launch.compile_planner)
+    else:
+        result = launch.lookup_entry(item)
     return {"source": result.source, "path": str(result.path) if result.path else None,
             "seconds": time.perf_counter() - start, "replaced": result.replaced}
 
@@ -157,6 +171,8 @@ def main(argv=None) -> int:
     if not configs:
         print("precompile: no valid configuration to compile", file=sys.stderr)
         return 2
+    if not args.no_planner:
+        configs = [PLANNER] + configs
     jobs = args.jobs or max(1, min(len(configs), (os.cpu_count() or 2) // 2, 8))
     jobs = min(jobs, len(configs))
     print(f"precompile: {len(configs)} entries into {directory} ({jobs} job{'s' if jobs > 1 else ''})", flush=True)
@@ -174,7 +190,7 @@ def main(argv=None) -> int:
             source = {"compiled": "compiled", "disk": "already cached", "memory": "already cached"}[outcome["source"]]
             replaced = f" (replaced an entry: {outcome['replaced']})" if outcome["replaced"] else ""
             what = f"{source} {outcome['seconds']:6.1f} s{replaced}"
-        print(f"{_bar(i, len(configs))} {config.label():<52} {what}", flush=True)
+        print(f"{_bar(i, len(configs))} {_label(config):<52} {what}", flush=True)
 
     if jobs == 1:
         for i, config in enumerate(configs, 1):

@@ -10,9 +10,10 @@
 allocation: the TVM-FFI call floor) and one CUDA graph replay of ``MLADecoder.run`` (the GPU time).
 
 ``cold``: makes sure the configuration is in the kernel cache (``MLA_CACHE_DIR`` or the default),
-then starts a fresh Python process that times ``import torch, mla``, the first
-``flash_mla_with_kvcache`` call from the call to the result on the host (``torch.cuda.synchronize``),
-and a second call; it reports where the kernel came from (``disk`` expected).
+then starts a fresh Python process that times ``import torch, mla``, the first ``get_mla_metadata``
+(the planner kernel's first use), the first ``flash_mla_with_kvcache`` call from the call to the
+result on the host (``torch.cuda.synchronize``), and a second call; it reports where the kernels
+came from (``disk`` expected for both: exit status 1 otherwise).
 """
 from __future__ import annotations
 
@@ -102,7 +103,9 @@ from perf_table import bench
 from perf_table.grid import Config
 cfg = Config(64, {b}, 1, {h_q}, {seqlen})
 inp = bench.make_inputs(cfg, device="cuda", seed=0)
-meta, splits = mla.get_mla_metadata(inp.cache_seqlens, {h_q}, 1)
+torch.cuda.synchronize()
+t_plan = time.perf_counter()
+meta, splits = mla.get_mla_metadata(inp.cache_seqlens, {h_q}, 1)  # the planner kernel: loaded on first use
 torch.cuda.synchronize()
 t2 = time.perf_counter()
 out, lse = mla.flash_mla_with_kvcache(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, 512, meta, splits)
@@ -112,7 +115,7 @@ mla.flash_mla_with_kvcache(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlen
 torch.cuda.synchronize()
 t4 = time.perf_counter()
 from pipelines import launch
-print(json.dumps(dict(import_s=t1 - t0, first_call_s=t3 - t2, second_call_s=t4 - t3, stats=launch.kernel_cache().stats,
+print(json.dumps(dict(import_s=t1 - t0, plan_s=t2 - t_plan, first_call_s=t3 - t2, second_call_s=t4 - t3, stats=launch.kernel_cache().stats,
                       cache=str(launch.kernel_cache().directory), finite=bool(torch.isfinite(out).all()))))
 """
 
@@ -128,11 +131,11 @@ def cold(args) -> int:
             return 1
         r = json.loads(proc.stdout.strip().splitlines()[-1])
         runs.append(r)
-        print(f"{label}: import torch+mla {r['import_s']:.2f} s; first flash_mla_with_kvcache call -> result "
-              f"{r['first_call_s']:.3f} s; second call {1e3 * r['second_call_s']:.2f} ms; kernel from "
-              f"{'disk' if r['stats']['disk'] else 'a compile' if r['stats']['compiled'] else '?'} {r['stats']}; "
+        print(f"{label}: import torch+mla {r['import_s']:.2f} s; first get_mla_metadata {r['plan_s']:.3f} s; "
+              f"first flash_mla_with_kvcache call -> result {r['first_call_s']:.3f} s; second call "
+              f"{1e3 * r['second_call_s']:.2f} ms; kernels (planner + decode) {r['stats']}; "
               f"output finite: {r['finite']}; cache {r['cache']}")
-    return 0 if runs[-1]["stats"]["disk"] == 1 and runs[-1]["stats"]["compiled"] == 0 else 1
+    return 0 if runs[-1]["stats"]["disk"] == 2 and runs[-1]["stats"]["compiled"] == 0 else 1
 
 
 def main(argv=None) -> int:

@@ -59,19 +59,22 @@ def test_precompile_stores_and_a_new_process_finds_it(tmp_path):
     args = ["--heads-q", "16", "--jobs", "1"]
     first = _run(args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
-    assert "1 entries into" in first.stdout and "] 1/1 2wg bfloat16 h_q=16 s_q=1 h_kv=1 page=64" in first.stdout
-    assert " compiled " in first.stdout and "1 compiled, 0 already cached, 0 failed" in first.stdout
+    assert "2 entries into" in first.stdout and "] 1/2 split planner kernel" in first.stdout
+    assert "] 2/2 2wg bfloat16 h_q=16 s_q=1 h_kv=1 page=64" in first.stdout
+    assert " compiled " in first.stdout and "2 compiled, 0 already cached, 0 failed" in first.stdout
     (namespace,) = [p for p in tmp_path.iterdir() if p.is_dir()]
-    (obj,) = namespace.glob("*.o")
+    (obj,) = namespace.glob("decode-*.o")
     assert obj.stat().st_size > 10_000 and obj.with_suffix(".json").exists()
+    assert len(list(namespace.glob("planner-*.o"))) == 1
     second = _run(args, tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
-    assert "already cached" in second.stdout and "0 compiled, 1 already cached" in second.stdout
+    assert "already cached" in second.stdout and "0 compiled, 2 already cached" in second.stdout
     listing = _run(["--list"], tmp_path)
-    assert "1 entries" in listing.stdout and "('decode', '2wg', 'bfloat16', 16, 1, 64, False, 1)" in listing.stdout
+    assert "2 entries" in listing.stdout and "('decode', '2wg', 'bfloat16', 16, 1, 64, False, 1)" in listing.stdout
+    assert "('planner',)" in listing.stdout
     # A damaged entry is replaced, not loaded.
     obj.write_bytes(obj.read_bytes()[: obj.stat().st_size // 2])
-    third = _run(args, tmp_path)
+    third = _run(args + ["--no-planner"], tmp_path)
     assert third.returncode == 0 and "replaced an entry" in third.stdout and "1 compiled" in third.stdout
     # Stale namespaces (other sources or toolchains) are pruned, the current one kept.
     stale = tmp_path / "0123456789abcdef01234567"
