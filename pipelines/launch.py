@@ -1,6 +1,6 @@
 """Host glue: compile cache keyed by every static knob, torch -> CuTe tensor views, launches.
 
-A kernel is compiled once per (variant, dtype, h_q, s_q, page_size, causal) against symbolic
+A kernel is compiled once per (variant, dtype, h_q, s_q, page_size, causal, cluster size) against symbolic
 shapes and strides (batch, pages, plan size are runtime values), so a serving engine pays the
 compile once per model configuration, not per batch shape.
 """
@@ -58,11 +58,19 @@ def _cached_compile(key, build):
 
 
 def compile_decode(variant: str, dtype: str, num_heads: int, seqlen_q: int, page_size: int, causal: bool,
-                   options: str | None = None):
-    """Compile (or fetch from the cache) the decode kernel for one static configuration."""
+                   multicast: bool = True, options: str | None = None):
+    """Compile (or fetch from the cache) the decode kernel for one static configuration.
+
+    ``multicast``: allow a TMA multicast cluster where the configuration has one
+    (``paged_kv.cluster_size``); the key holds the resulting cluster size, so a configuration
+    without a cluster compiles once whatever the flag."""
+    from pipelines import paged_kv
+
+    cluster = paged_kv.cluster_size(page_size, -(-num_heads * seqlen_q // 64), multicast)
+
     def build():
         cdt = _cute_dtype(dtype)
-        kernel = _kernel_class(variant)(cdt, num_heads, seqlen_q, page_size, causal)
+        kernel = _kernel_class(variant)(cdt, num_heads, seqlen_q, page_size, causal, multicast=cluster > 1)
         i32, f32 = cutlass.Int32, cutlass.Float32
         args = (
             _fake(cdt, 3, 8),  # q [b, rows, 576]
@@ -80,7 +88,7 @@ def compile_decode(variant: str, dtype: str, num_heads: int, seqlen_q: int, page
         )
         return kernel, args
 
-    return _cached_compile((variant, dtype, num_heads, seqlen_q, page_size, bool(causal), options), build)
+    return _cached_compile((variant, dtype, num_heads, seqlen_q, page_size, bool(causal), cluster, options), build)
 
 
 def compile_merge(dtype: str, num_heads: int, seqlen_q: int, options: str | None = None):
@@ -105,9 +113,11 @@ def launch_decode(variant, q, k_cache, block_table, cache_seqlens, tile_schedule
     import torch
     from cuda.bindings import driver as cuda
 
+    from pipelines import paged_kv
+
     b, s_q, h_q, d = q.shape
     dtype = str(q.dtype).replace("torch.", "")
-    fn = compile_decode(variant, dtype, h_q, s_q, k_cache.shape[1], causal)
+    fn = compile_decode(variant, dtype, h_q, s_q, k_cache.shape[1], causal, paged_kv.multicast_enabled())
     merge = compile_merge(dtype, h_q, s_q)
     q3 = q.reshape(b, s_q * h_q, d)
     k3 = k_cache.view(k_cache.shape[0], k_cache.shape[1], k_cache.shape[3])

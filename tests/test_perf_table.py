@@ -252,10 +252,10 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, monkeypatch, tmp_path, capsy
     monkeypatch.setattr(bench, "time_graph", lambda fn, replays, warmup: (fn(), [10.0] * replays)[1])
     monkeypatch.setattr(bench, "cuda_healthy", lambda: True)
 
-    rc = runner.main(quick=True, pipeline="3wg", page_sizes=[16], out=str(tmp_path), replays=100, commit="abc1234")
+    rc = runner.main(quick=True, pipeline="2wg", page_sizes=[16], out=str(tmp_path), replays=100, commit="abc1234")
     assert rc == 1  # one config failed
     (out,) = tmp_path.glob("nvidia-h200_20*-*-*_abc1234_quick.json")  # --out DIR: the usual name inside
-    assert launched == [("3wg", (2, 1, 16, 576))]
+    assert launched == [("2wg", (2, 1, 16, 576))]
     record = json.loads(out.read_text())
     assert record["complete"] is True and record["mode"] == "quick"
     assert record["git"] == {"commit": "abc1234", "short": "abc1234", "dirty": None}
@@ -263,7 +263,7 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, monkeypatch, tmp_path, capsy
                                 "memory_gib": 141.0}
     assert record["versions"]["cutlass_dsl"] and record["versions"]["torch"] == torch.__version__
     ok, failed = record["rows"]
-    assert (ok["pipeline"], ok["page_size"], ok["b"], ok["us"], ok["replays"]) == ("3wg", 16, 2, 10.0, 100)
+    assert (ok["pipeline"], ok["page_size"], ok["b"], ok["us"], ok["replays"]) == ("2wg", 16, 2, 10.0, 100)
     assert failed["error"] == "RuntimeError: no kernel for h_q 32" and failed["causal"] is True
     printed = capsys.readouterr().out
     assert "2 configs (quick)" in printed and "FAILED RuntimeError: no kernel for h_q 32" in printed
