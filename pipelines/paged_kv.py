@@ -196,21 +196,26 @@ class TmaPagedKV(PagedKVLoader):
         rank = Int32(0)
         if const_expr(self.cluster > 1):
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        # Page ids first: the block_table loads of all boxes go out together, before the wait for the
+        # stage, instead of one dependent load ahead of each box's TMA.
         last_page = (seqlen - 1) // P  # the request's last valid page (the tile has >= 1 token)
+        pages = cute.make_rmem_tensor(self.boxes_per_cta, Int32)
+        for b in cutlass.range_constexpr(self.boxes_per_cta):
+            token = blk * TILE_TOKENS + (rank * self.boxes_per_cta + b) * box
+            # A box wholly past the end reloads the last valid page (never a block_table entry the
+            # request does not own); its rows are masked and zeroed like any row past the end.
+            pages[b] = mBlockTable[r, cutlass.min(token // P, last_page)]
         pipe.producer_acquire(state)
         bar = pipe.producer_get_barrier(state)
         for b in cutlass.range_constexpr(self.boxes_per_cta):
-            box_idx = rank * self.boxes_per_cta + b  # box of the tile: rows box_idx * box ...
+            box_idx = rank * self.boxes_per_cta + b  # box of the tile: its rows box_idx * box ...
             token = blk * TILE_TOKENS + box_idx * box
-            # A box wholly past the end reloads the last valid page (never a block_table entry the
-            # request does not own); its rows are masked and zeroed like any row past the end.
-            page = mBlockTable[r, cutlass.min(token // P, last_page)]
-            in_page = (token % P) // box
+            in_page = (token % P) // box  # row block inside the page (128-token pages: 0 or 1)
             if const_expr(self.cluster > 1):
-                cute.copy(tma_k, tKgK[None, in_page, kv_head, page], tKsK[None, box_idx, state.index],
+                cute.copy(tma_k, tKgK[None, in_page, kv_head, pages[b]], tKsK[None, box_idx, state.index],
                           tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1))
             else:
-                cute.copy(tma_k, tKgK[None, in_page, kv_head, page], tKsK[None, box_idx, state.index],
+                cute.copy(tma_k, tKgK[None, in_page, kv_head, pages[b]], tKsK[None, box_idx, state.index],
                           tma_bar_ptr=bar)
 
 
