@@ -48,29 +48,37 @@ def report_environment() -> None:
           f"pipeline='auto' -> {api.resolve_pipeline('auto')}")
 
 
+# (s_q, h_q, h_kv, causal) of the GPU self-check: plain decode, then causal MTP with two kv heads.
+GPU_CHECK_CASES = ((1, 16, 1, False), (2, 16, 2, True))
+
+
 def gpu_check() -> bool:
-    """Decode b=2, s_q=1, h_q=16, ~200 keys, NaN in unused cache slots, through the public API for
-    each pipeline with a kernel; compare with the reference. Returns True when all pass."""
+    """Decode b=2, ~200 keys, NaN in unused cache slots, through the public API for each pipeline with
+    a kernel and each of ``GPU_CHECK_CASES``; compare with the reference. Returns True when all pass."""
     ok = True
     for variant in pipelines.available_variants():
         sizes = pipelines.supported_page_sizes(variant)
         page_size = 64 if 64 in sizes else sizes[0]
-        prob = make_decode_problem([200, 137], s_q=1, h_q=16, page_size=page_size, device="cuda", seed=1)
-        ref_out, ref_lse = mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens)
-        try:
-            metadata, num_splits = api.get_mla_metadata(prob.cache_seqlens, 16, 1)
-            out, lse = api.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512,
-                                                  metadata, num_splits, pipeline=variant)
-            torch.cuda.synchronize()
-        except Exception as exc:  # report every variant, then fail
-            print(f"  {variant} (page {page_size}): FAIL, raised {type(exc).__name__}: {exc}")
-            ok = False
-            continue
-        cmp = compare_to_reference(out, lse, ref_out, ref_lse)
-        print(f"  {variant} (page {page_size}): max |out - ref| = {cmp.max_abs_out:.3g}, "
-              f"max |lse - ref| = {cmp.max_abs_lse:.3g}, cosine distance {cmp.cos_dist:.2g}: "
-              f"{'PASS' if cmp.ok else 'FAIL (' + cmp.message + ')'}")
-        ok &= cmp.ok
+        for s_q, h_q, h_kv, causal in GPU_CHECK_CASES:
+            name = f"{variant} (page {page_size}, s_q {s_q}, h_q {h_q}, h_kv {h_kv}{', causal' if causal else ''})"
+            # The anchors' value distribution (randn / 10, clamped), for which the tolerances are made.
+            prob = make_decode_problem([200, 137], s_q=s_q, h_q=h_q, h_kv=h_kv, page_size=page_size, device="cuda",
+                                       seed=1, value_scale=0.1)
+            ref_out, ref_lse = mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens,
+                                                    causal=causal)
+            try:
+                metadata, num_splits = api.get_mla_metadata(prob.cache_seqlens, s_q * h_q // h_kv, h_kv)
+                out, lse = api.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens,
+                                                      512, metadata, num_splits, causal=causal, pipeline=variant)
+                torch.cuda.synchronize()
+            except Exception as exc:  # report every variant, then fail
+                print(f"  {name}: FAIL, raised {type(exc).__name__}: {exc}")
+                ok = False
+                continue
+            cmp = compare_to_reference(out, lse, ref_out, ref_lse)
+            print(f"  {name}: max |out - ref| = {cmp.max_abs_out:.3g}, max |lse - ref| = {cmp.max_abs_lse:.3g}, "
+                  f"cosine distance {cmp.cos_dist:.2g}: {'PASS' if cmp.ok else 'FAIL (' + cmp.message + ')'}")
+            ok &= cmp.ok
     return ok
 
 

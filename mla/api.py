@@ -157,14 +157,12 @@ def _check_kernel_alignment(q, k_cache, out, lse) -> None:
 
 
 def _check_kernel_shape(shape: validate.DecodeShape, variant: str) -> None:
-    if shape.h_kv != 1:
-        raise NotImplementedError(f"the GPU kernels handle h_kv == 1 only, got h_kv = {shape.h_kv} "
-                                  f"(mla.reference.mla_decode_reference supports h_kv > 1)")
     validate.check_page_size(shape.page_size, pipelines.supported_page_sizes(variant), variant)
 
 
-def _workspace(batch_size: int, num_parts: int, rows: int, device) -> tuple[torch.Tensor, torch.Tensor]:
-    o_shape, lse_shape = planner.workspace_shapes(batch_size, num_parts, rows, HEAD_DIM_V)
+def _workspace(shape: validate.DecodeShape, num_parts: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    # Workspace rows follow out's rows (s_idx * h_q + head) for every kv head together.
+    o_shape, lse_shape = planner.workspace_shapes(shape.batch_size, num_parts, shape.s_q * shape.h_q, HEAD_DIM_V)
     return (torch.empty(o_shape, dtype=torch.float32, device=device),
             torch.empty(lse_shape, dtype=torch.float32, device=device))
 
@@ -177,7 +175,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         q: ``[b, s_q, h_q, 576]`` bf16 or fp16 on a Hopper GPU, ``1 <= s_q <= 4``,
             ``h_q <= 128`` per kv head; last dim contiguous, ``q[b]`` viewable as ``[s_q * h_q, 576]``.
         k_cache: ``[num_pages, page_size, h_kv, 576]``, q's dtype; V is its first 512 columns.
-            ``h_kv`` must be 1 on the kernel path; page_size one of
+            Query head ``h`` reads kv head ``h // (h_q // h_kv)``; page_size one of
             ``pipelines.supported_page_sizes(variant)``.
         block_table: int32 ``[b, max_pages]``, page ids of each request; wide enough for the
             longest sequence. Entries past a request's last page are never read.
@@ -196,7 +194,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
 
     Raises:
         ValueError / TypeError for invalid inputs (before any launch); NotImplementedError when the
-        pipeline has no kernel yet or ``h_kv > 1``.
+        pipeline has no kernel yet.
 
     No host synchronisation unless the metadata is a fresh ``MLASchedMeta`` (its first call plans).
     Allocates out (if not given), lse and the split-kv workspace on every call; use ``MLADecoder``
@@ -224,7 +222,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if out is None:
         out = torch.empty(shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V, dtype=q.dtype, device=q.device)
     lse = torch.empty(shape.batch_size, shape.h_q, shape.s_q, dtype=torch.float32, device=q.device)
-    o_accum, lse_accum = _workspace(shape.batch_size, tile_scheduler_metadata.shape[0], shape.rows, q.device)
+    o_accum, lse_accum = _workspace(shape, tile_scheduler_metadata.shape[0], q.device)
     pipelines.run_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
                          out, lse, o_accum, lse_accum, shape.softmax_scale, shape.causal)
     return out, lse
@@ -271,7 +269,7 @@ class MLADecoder:
             cache_seqlens: int32 ``[b]`` key counts (CPU or GPU; a GPU tensor is copied once).
                 ``run`` must get the same values.
             num_heads_q: ``h_q`` (1..128 per kv head); seq_len_q: ``s_q`` (1..4);
-            num_heads_k: ``h_kv`` (the kernels support 1).
+            num_heads_k: ``h_kv`` (``num_heads_q`` must be a multiple of it).
             page_size: ``k_cache.shape[1]``, one the pipeline supports.
             dtype: q's and k_cache's dtype (bf16 or fp16).
             head_dim_v: 512. softmax_scale: default ``576 ** -0.5``. causal: bottom-right causal.
@@ -311,7 +309,7 @@ class MLADecoder:
             self.num_splits.copy_(num_splits)
         else:
             self.tile_scheduler_metadata, self.num_splits = metadata, num_splits
-            self._o_accum, self._lse_accum = _workspace(shape.batch_size, info.num_parts, shape.rows, device)
+            self._o_accum, self._lse_accum = _workspace(shape, info.num_parts, device)
             self._lse = torch.empty(shape.batch_size, shape.h_q, shape.s_q, dtype=torch.float32, device=device)
         self._planned, self._info = shape, info
 

@@ -134,8 +134,9 @@ def split_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     Walks every part's chunks (``split_k.planner.part_chunks``), computes each chunk with
     ``request_partial``, writes a not-split request's result straight into out/lse (empty rows:
     ``out = 0``, ``lse = +inf``) and a split request's chunk into workspace row
-    ``num_splits[r] + split`` (row order ``s_idx * h_q + head``), then merges with
-    ``split_k.merge_ref.merge_workspace``. Only ``h_kv == 1`` (the contract's row layout).
+    ``num_splits[r] + split`` (row order ``s_idx * h_q + head``, whatever ``h_kv``: every kv head
+    walks the same plan and writes its own query heads' rows), then merges with
+    ``split_k.merge_ref.merge_workspace``.
 
     Raises ``ValueError`` when the plan breaks the contract in a way visible here: a chunk index
     outside its request's ``num_splits`` range, a workspace row or a not-split request written
@@ -147,8 +148,6 @@ def split_decode_reference(q: torch.Tensor, k_cache: torch.Tensor, block_table: 
     """
     _check_shapes(q, k_cache, block_table, cache_seqlens, head_dim_v)
     b, s_q, h_q, _ = q.shape
-    if k_cache.shape[2] != 1:
-        raise ValueError(f"the workspace row layout is defined for h_kv == 1, got h_kv = {k_cache.shape[2]}")
     rows = s_q * h_q
     lengths = planner.host_lengths(cache_seqlens, "cache_seqlens")
     bounds = num_splits.tolist()

@@ -25,13 +25,15 @@ class DecodeProblem:
 
 def make_decode_problem(seqlens: Sequence[int], *, s_q: int = 1, h_q: int = 16, h_kv: int = 1,
                         page_size: int = 64, head_dim: int = HEAD_DIM_QK, dtype: torch.dtype = torch.bfloat16,
-                        device="cpu", seed: int = 0) -> DecodeProblem:
+                        device="cpu", seed: int = 0, value_scale: float | None = None) -> DecodeProblem:
     """A random paged decode problem.
 
     Pages are assigned in a random permutation; every cache slot that holds no token (the tail of
     each request's last page) is NaN; block_table entries past a request's last page are
     ``UNUSED_PAGE_ID``. Values are drawn on the CPU from ``seed``, so the problem is the same on
-    every device.
+    every device: standard normal, or with ``value_scale`` the anchors' distribution
+    ``clamp(randn * value_scale, -1, 1)`` (FlashMLA's tests use 0.1; their tolerances, which
+    ``mla.reference.compare_to_reference`` adopts, are calibrated for it).
     """
     gen = torch.Generator().manual_seed(seed)
     b = len(seqlens)
@@ -40,7 +42,7 @@ def make_decode_problem(seqlens: Sequence[int], *, s_q: int = 1, h_q: int = 16, 
     order = torch.randperm(num_pages, generator=gen).tolist()
     block_table = torch.full((b, max(max(pages_per_req, default=0), 1)), UNUSED_PAGE_ID, dtype=torch.int32)
     k_cache = torch.full((num_pages, page_size, h_kv, head_dim), float("nan"), dtype=dtype)
-    values = torch.randn(num_pages, page_size, h_kv, head_dim, generator=gen).to(dtype)
+    values = _draw((num_pages, page_size, h_kv, head_dim), gen, value_scale).to(dtype)
     next_page = 0
     for r, (n, n_pages) in enumerate(zip(seqlens, pages_per_req)):
         for p in range(n_pages):
@@ -49,9 +51,14 @@ def make_decode_problem(seqlens: Sequence[int], *, s_q: int = 1, h_q: int = 16, 
             block_table[r, p] = page
             used = min(page_size, n - p * page_size)
             k_cache[page, :used] = values[page, :used]
-    q = torch.randn(b, s_q, h_q, head_dim, generator=gen).to(dtype)
+    q = _draw((b, s_q, h_q, head_dim), gen, value_scale).to(dtype)
     cache_seqlens = torch.tensor(list(seqlens), dtype=torch.int32)
     return DecodeProblem(q.to(device), k_cache.to(device), block_table.to(device), cache_seqlens.to(device))
+
+
+def _draw(shape, gen, value_scale):
+    x = torch.randn(shape, generator=gen)
+    return x if value_scale is None else (x * value_scale).clamp_(-1.0, 1.0)
 
 
 def hopper_skip_reason() -> str | None:

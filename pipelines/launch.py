@@ -1,6 +1,6 @@
 """Host glue: compile cache keyed by every static knob, torch -> CuTe tensor views, launches.
 
-A kernel is compiled once per (variant, dtype, h_q, s_q, page_size, causal, cluster size) against symbolic
+A kernel is compiled once per (variant, dtype, h_q, s_q, page_size, causal, h_kv, cluster size) against symbolic
 shapes and strides (batch, pages, plan size are runtime values), so a serving engine pays the
 compile once per model configuration, not per batch shape.
 """
@@ -14,6 +14,8 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")  # never default to another arc
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 from cutlass.cute.runtime import from_dlpack, make_fake_tensor  # noqa: E402
+
+from pipelines.heads import group_queries  # noqa: E402
 
 _LOCK = threading.Lock()
 _CACHE: dict = {}
@@ -58,7 +60,7 @@ def _cached_compile(key, build):
 
 
 def compile_decode(variant: str, dtype: str, num_heads: int, seqlen_q: int, page_size: int, causal: bool,
-                   multicast: bool = True, options: str | None = None):
+                   num_heads_k: int = 1, multicast: bool = True, options: str | None = None):
     """Compile (or fetch from the cache) the decode kernel for one static configuration.
 
     ``multicast``: allow a TMA multicast cluster where the configuration has one
@@ -66,29 +68,33 @@ def compile_decode(variant: str, dtype: str, num_heads: int, seqlen_q: int, page
     without a cluster compiles once whatever the flag."""
     from pipelines import paged_kv
 
-    cluster = paged_kv.cluster_size(page_size, -(-num_heads * seqlen_q // 64), multicast)
+    causal = bool(causal) and seqlen_q > 1  # causal changes nothing for one query token: one kernel
+    # m-blocks per kv head: the rows of one CTA's problem are the heads_per_kv * s_q of one kv head.
+    cluster = paged_kv.cluster_size(page_size, -(-(num_heads // num_heads_k) * seqlen_q // 64), multicast)
 
     def build():
         cdt = _cute_dtype(dtype)
-        kernel = _kernel_class(variant)(cdt, num_heads, seqlen_q, page_size, causal, multicast=cluster > 1)
+        kernel = _kernel_class(variant)(cdt, num_heads, seqlen_q, page_size, causal, num_heads_k,
+                                        multicast=cluster > 1)
         i32, f32 = cutlass.Int32, cutlass.Float32
         args = (
-            _fake(cdt, 3, 8),  # q [b, rows, 576]
-            _fake(cdt, 3, 8),  # k [pages, page_size, 576]
+            _fake(cdt, 4, 8),  # q [b, s_q, h_q, 576], or [b, h_kv, rows, 576] grouped (h_kv > 1)
+            _fake(cdt, 4, 8),  # k [pages, page_size, h_kv, 576]
             _fake(i32, 2),  # block_table [b, max_pages]
             _fake(i32, 1),  # seqlens [b]
             _fake(i32, 2),  # metadata [parts, 8]
             _fake(i32, 1),  # num_splits [b + 1]
-            _fake(cdt, 3, 8),  # out [b, rows, 512]
+            _fake(cdt, 4, 8),  # out [b, s_q, h_q, 512]
             _fake(f32, 3),  # lse [b, h_q, s_q]
-            _fake(f32, 3, 8),  # o_accum [splits, rows, 512]
-            _fake(f32, 2),  # lse_accum [splits, rows]
+            _fake(f32, 3, 8),  # o_accum [splits, s_q * h_q, 512]
+            _fake(f32, 2),  # lse_accum [splits, s_q * h_q]
             f32(1.0),
             cute.runtime.make_fake_stream(),
         )
         return kernel, args
 
-    return _cached_compile((variant, dtype, num_heads, seqlen_q, page_size, bool(causal), cluster, options), build)
+    return _cached_compile((variant, dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, cluster, options),
+                           build)
 
 
 def compile_merge(dtype: str, num_heads: int, seqlen_q: int, options: str | None = None):
@@ -97,7 +103,7 @@ def compile_merge(dtype: str, num_heads: int, seqlen_q: int, options: str | None
         from split_k.merge_kernel import SplitMerge
         cdt = _cute_dtype(dtype)
         f32 = cutlass.Float32
-        args = (_fake(f32, 3, 8), _fake(f32, 2), _fake(cutlass.Int32, 1), _fake(cdt, 3, 8), _fake(f32, 3),
+        args = (_fake(f32, 3, 8), _fake(f32, 2), _fake(cutlass.Int32, 1), _fake(cdt, 4, 8), _fake(f32, 3),
                 cute.runtime.make_fake_stream())
         return SplitMerge(cdt, num_heads, seqlen_q), args
 
@@ -115,17 +121,16 @@ def launch_decode(variant, q, k_cache, block_table, cache_seqlens, tile_schedule
 
     from pipelines import paged_kv
 
-    b, s_q, h_q, d = q.shape
+    s_q, h_q = q.shape[1], q.shape[2]
+    h_kv = k_cache.shape[2]
     dtype = str(q.dtype).replace("torch.", "")
-    fn = compile_decode(variant, dtype, h_q, s_q, k_cache.shape[1], causal, paged_kv.multicast_enabled())
+    fn = compile_decode(variant, dtype, h_q, s_q, k_cache.shape[1], causal, h_kv, paged_kv.multicast_enabled())
     merge = compile_merge(dtype, h_q, s_q)
-    q3 = q.reshape(b, s_q * h_q, d)
-    k3 = k_cache.view(k_cache.shape[0], k_cache.shape[1], k_cache.shape[3])
-    out3 = out.view(b, s_q * h_q, out.shape[-1])
+    q = group_queries(q, h_kv)  # a copy only when h_kv > 1 (pipelines/heads.py says why)
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
-    num_splits_v, out3_v, lse_v, o_accum_v, lse_accum_v = (
-        _view(num_splits), _view(out3), _view(lse), _view(o_accum), _view(lse_accum))
-    fn(_view(q3), _view(k3), _view(block_table), _view(cache_seqlens), _view(tile_scheduler_metadata),
-       num_splits_v, out3_v, lse_v, o_accum_v, lse_accum_v, cutlass.Float32(softmax_scale), stream)
+    num_splits_v, out_v, lse_v, o_accum_v, lse_accum_v = (
+        _view(num_splits), _view(out), _view(lse), _view(o_accum), _view(lse_accum))
+    fn(_view(q), _view(k_cache), _view(block_table), _view(cache_seqlens), _view(tile_scheduler_metadata),
+       num_splits_v, out_v, lse_v, o_accum_v, lse_accum_v, cutlass.Float32(softmax_scale), stream)
     # Second stage: requests with one chunk were written by the main kernel; the merge kernel skips them.
-    merge(o_accum_v, lse_accum_v, num_splits_v, out3_v, lse_v, stream)
+    merge(o_accum_v, lse_accum_v, num_splits_v, out_v, lse_v, stream)

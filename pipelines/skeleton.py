@@ -36,11 +36,18 @@ class MLADecodeBase:
     num_threads = 256
     kv_stages = 2
 
-    def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, multicast: bool = True):
+    def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
+                 multicast: bool = True):
+        if num_heads_k < 1 or num_heads % num_heads_k:
+            raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_heads_k ({num_heads_k})")
         self.dtype = dtype
         self.h_q = num_heads
+        self.h_kv = num_heads_k
+        self.heads_per_kv = num_heads // num_heads_k  # query heads sharing one kv head
         self.s_q = seqlen_q
-        self.rows = num_heads * seqlen_q
+        # M dimension of one CTA's problem: the query rows of one kv head, row = s_idx * heads_per_kv + j
+        # (query head = kv_head * heads_per_kv + j).
+        self.rows = self.heads_per_kv * seqlen_q
         self.num_m_blocks = (self.rows + BLOCK_M - 1) // BLOCK_M
         self.page_size = page_size
         self.causal = causal and seqlen_q > 1  # causal only changes anything for s_q > 1
@@ -55,18 +62,35 @@ class MLADecodeBase:
                  mMeta: cute.Tensor, mNumSplits: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  mOaccum: cute.Tensor, mLSEaccum: cute.Tensor, softmax_scale: Float32,
                  stream: cuda.CUstream):
-        """Inputs (torch views, all row-major):
-        mQ [b, rows, 576], mK [num_pages, page_size, 576] (h_kv = 1), mBlockTable [b, max_pages] i32,
-        mSeqlens [b] i32, mMeta [num_parts, 8] i32, mNumSplits [b + 1] i32, mO [b, rows, 512],
-        mLSE [b, h_q, s_q] f32, mOaccum [splits, rows, 512] f32, mLSEaccum [splits, rows] f32.
+        """Inputs (torch tensors as the API holds them, last dim contiguous):
+        mQ [b, s_q, h_q, 576] when h_kv == 1, else the grouped copy [b, h_kv, rows, 576];
+        mK [num_pages, page_size, h_kv, 576]; mBlockTable [b, max_pages] i32; mSeqlens [b] i32;
+        mMeta [num_parts, 8] i32; mNumSplits [b + 1] i32; mO [b, s_q, h_q, 512]; mLSE [b, h_q, s_q] f32;
+        mOaccum [splits, s_q * h_q, 512] f32 and mLSEaccum [splits, s_q * h_q] f32 (workspace rows in
+        out's row order, s_idx * h_q + head, whatever h_kv).
         """
         dtype = self.dtype
-        # Put the contiguous dim where wgmma/TMA want it: (rows, d, batch) and (token, d, page).
-        mQ = cute.make_tensor(mQ.iterator, cute.select(mQ.layout, mode=[1, 2, 0]))
-        # K as (token_in_page, dim, kv_head, page): the loaders address a kv head's 576-wide slice of
-        # every token (one head of stride 576 until the kernels serve h_kv > 1).
+        # Kernel views: the contiguous dim where wgmma/TMA want it, the kv head as its own mode.
+        mQ = cute.make_tensor(mQ.iterator, cute.make_layout(
+            (self.rows, HEAD_DIM, self.h_kv, mQ.shape[0]), stride=(mQ.stride[2], 1, mQ.stride[1], mQ.stride[0])))
         mK = cute.make_tensor(mK.iterator, cute.make_layout(
-            (self.page_size, HEAD_DIM, 1, mK.shape[0]), stride=(mK.stride[1], 1, HEAD_DIM, mK.stride[0])))
+            (self.page_size, HEAD_DIM, self.h_kv, mK.shape[0]),
+            stride=(mK.stride[1], 1, mK.stride[2], mK.stride[0])))
+        mO = cute.make_tensor(mO.iterator, cute.make_layout(
+            (self._row_mode(), HEAD_DIM_V, self.h_kv, mO.shape[0]),
+            stride=(self._row_stride(mO.stride[2], mO.stride[1]), 1, self.heads_per_kv * mO.stride[2],
+                    mO.stride[0])))
+        mLSE = cute.make_tensor(mLSE.iterator, cute.make_layout(
+            ((self.heads_per_kv, self.s_q), self.h_kv, mLSE.shape[0]),
+            stride=((mLSE.stride[1], mLSE.stride[2]), self.heads_per_kv * mLSE.stride[1], mLSE.stride[0])))
+        mOaccum = cute.make_tensor(mOaccum.iterator, cute.make_layout(
+            (self._row_mode(), HEAD_DIM_V, self.h_kv, mOaccum.shape[0]),
+            stride=(self._row_stride(mOaccum.stride[1], self.h_q * mOaccum.stride[1]), 1,
+                    self.heads_per_kv * mOaccum.stride[1], mOaccum.stride[0])))
+        mLSEaccum = cute.make_tensor(mLSEaccum.iterator, cute.make_layout(
+            (self._row_mode(), self.h_kv, mLSEaccum.shape[0]),
+            stride=(self._row_stride(mLSEaccum.stride[1], self.h_q * mLSEaccum.stride[1]),
+                    self.heads_per_kv * mLSEaccum.stride[1], mLSEaccum.stride[0])))
 
         self.sQ_layout = layouts.smem_tile_layout(dtype, BLOCK_M, HEAD_DIM)
         self.sK_layout = layouts.smem_tile_layout(dtype, BLOCK_N, HEAD_DIM, self.kv_stages)
@@ -94,7 +118,7 @@ class MLADecodeBase:
         scale_log2 = softmax_scale * Float32(math.log2(math.e))
         self.kernel(tma_q, mQ_tma, tma_k, mK_load, mBlockTable, mSeqlens, mMeta, mNumSplits, mO, mLSE,
                     mOaccum, mLSEaccum, scale_log2, sQ_layout, sK_layout, sP_layout).launch(
-            grid=[self.num_m_blocks, mMeta.shape[0], 1],
+            grid=[self.num_m_blocks, mMeta.shape[0], self.h_kv],
             block=[self.num_threads, 1, 1],
             # The m-block CTAs of one plan part (same chunks, same K tiles) form a cluster along x.
             cluster=[self.cluster, 1, 1] if const_expr(self.cluster > 1) else None,
@@ -102,6 +126,23 @@ class MLADecodeBase:
             stream=stream,
             min_blocks_per_mp=1,
         )
+
+    def _row_mode(self):
+        """Shape of the row mode of an output-side view (out, o_accum, lse_accum).
+
+        A CTA's row ``s_idx * heads_per_kv + j`` is query head ``kv_head * heads_per_kv + j`` of token
+        ``s_idx``. With one kv head that is row ``s_idx * h_q + j`` of the merged ``[s_q * h_q]`` rows,
+        a single strided mode (the API checks the rows merge); with several, the rows of one kv head
+        are a (j, s_idx) sub-grid, and indexing the hierarchical mode with the flat row does the split.
+        """
+        if const_expr(self.h_kv == 1):
+            return self.rows
+        return (self.heads_per_kv, self.s_q)
+
+    def _row_stride(self, head_stride, token_stride):
+        if const_expr(self.h_kv == 1):
+            return head_stride
+        return (head_stride, token_stride)
 
     # ---------------------------------------------------------------- device
     @cute.kernel
@@ -111,7 +152,7 @@ class MLADecodeBase:
                scale_log2: Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sP_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
-        m_block, part, _ = cute.arch.block_idx()
+        m_block, part, kv_head = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_q)
@@ -141,7 +182,7 @@ class MLADecodeBase:
         end_req = meta[2]
         end_block = meta[3]
         begin_split = meta[4]
-        self.warpgroup_roles(tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
+        self.warpgroup_roles(tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                              tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
                              mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2)
         if const_expr(self.cluster > 1):
@@ -184,8 +225,8 @@ class MLADecodeBase:
         return seqlen, n_blocks, start, stop, is_split, split_base + split_no
 
     @cute.jit
-    def tma_load_q(self, tma_q, mQ, sQ, pipe_q, q_state, m_block: Int32, r: Int32):
-        gQ = cute.local_tile(mQ, (BLOCK_M, HEAD_DIM), (m_block, 0, r))
+    def tma_load_q(self, tma_q, mQ, sQ, pipe_q, q_state, m_block: Int32, kv_head: Int32, r: Int32):
+        gQ = cute.local_tile(mQ, (BLOCK_M, HEAD_DIM), (m_block, 0, kv_head, r))
         tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                                            cute.group_modes(gQ, 0, 2))
         pipe_q.producer_acquire(q_state)
@@ -213,8 +254,8 @@ class MLADecodeBase:
     @cute.jit
     def store_rows(self, acc: cute.Tensor, tiled_mma: cute.TiledMma, wg_tidx: Int32, row_inv: cute.Tensor,
                    row_lse: cute.Tensor, write_lse: cutlass.Constexpr[bool], col0: cutlass.Constexpr[int],
-                   m_block: Int32, r: Int32, is_split, split_idx: Int32, mO: cute.Tensor, mLSE: cute.Tensor,
-                   mOaccum: cute.Tensor, mLSEaccum: cute.Tensor):
+                   m_block: Int32, kv_head: Int32, r: Int32, is_split, split_idx: Int32, mO: cute.Tensor,
+                   mLSE: cute.Tensor, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor):
         """Epilogue of one warpgroup: normalise its 64 x 256 slice of O and store it (final or partial).
 
         Rows past h_q * s_q (padding of the last m-block) are not stored.
@@ -230,13 +271,13 @@ class MLADecodeBase:
                 inv = row_inv[i]
                 if is_split:
                     for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                        mOaccum[split_idx, row, col0 + tOcO[i, j][1]] = acc_mn[i, j] * inv
+                        mOaccum[row, col0 + tOcO[i, j][1], kv_head, split_idx] = acc_mn[i, j] * inv
                 else:
                     for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                        mO[r, row, col0 + tOcO[i, j][1]] = (acc_mn[i, j] * inv).to(mO.element_type)
+                        mO[row, col0 + tOcO[i, j][1], kv_head, r] = (acc_mn[i, j] * inv).to(mO.element_type)
                 if const_expr(write_lse):
                     if wg_tidx % 4 == 0:
                         if is_split:
-                            mLSEaccum[split_idx, row] = row_lse[i]
+                            mLSEaccum[row, kv_head, split_idx] = row_lse[i]
                         else:
-                            mLSE[r, row % self.h_q, row // self.h_q] = row_lse[i]
+                            mLSE[row, kv_head, r] = row_lse[i]

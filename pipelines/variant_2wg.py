@@ -52,7 +52,7 @@ class MLADecode2WG(MLADecodeBase):
         return mma_qk, mma_pv_rs, mma_pv_ss
 
     @cute.jit
-    def warpgroup_roles(self, tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
+    def warpgroup_roles(self, tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                         tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
                         mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
         wg = tidx // 128
@@ -67,17 +67,17 @@ class MLADecode2WG(MLADecodeBase):
         # Pipeline states and MMA objects are created inside each role: they are mutated while
         # tracing, and the two roles are two branches of one dynamic if.
         if wg == 0:
-            self.wg0_qk_softmax_pv(wg_tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
+            self.wg0_qk_softmax_pv(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                                    mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0,
                                    s_row_scale, s_row_inv, pipe_q, pipe_k, scale_log2)
         else:
-            self.wg1_load_pv(wg_tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
+            self.wg1_load_pv(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                              tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
                              mLSEaccum, sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k)
 
     # ------------------------------------------------------------------ WG0
     @cute.jit
-    def wg0_qk_softmax_pv(self, wg_tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
+    def wg0_qk_softmax_pv(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0, s_row_scale,
                           s_row_inv, pipe_q, pipe_k, scale_log2):
         mma_qk, mma_pv_rs, _ = self._mmas()
@@ -109,7 +109,7 @@ class MLADecode2WG(MLADecodeBase):
             for i in cutlass.range_constexpr(n_rows_thr):
                 row_limit[i] = seqlen
                 if const_expr(self.causal):
-                    s_idx = (m_block * BLOCK_M + tScS[i, 0][0]) // self.h_q
+                    s_idx = (m_block * BLOCK_M + tScS[i, 0][0]) // self.heads_per_kv
                     row_limit[i] = seqlen - (self.s_q - 1 - s_idx)
 
             pipe_q.consumer_wait(q_state)
@@ -170,14 +170,14 @@ class MLADecode2WG(MLADecodeBase):
                 for i in cutlass.range_constexpr(n_rows_thr):
                     s_row_inv[tScS[i, 0][0]] = row_inv[i]
             cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
-            self.store_rows(acc_o, mma_pv_rs, wg_tidx, row_inv, row_lse, True, 0, m_block, r, is_split,
+            self.store_rows(acc_o, mma_pv_rs, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head, r, is_split,
                             split_idx, mO, mLSE, mOaccum, mLSEaccum)
         # Pairs WG1's last P_EMPTY arrive so no arrival is left pending at exit.
         cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
 
     # ------------------------------------------------------------------ WG1
     @cute.jit
-    def wg1_load_pv(self, wg_tidx, m_block, begin_req, begin_block, end_req, end_block, begin_split,
+    def wg1_load_pv(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                     tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
                     sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k):
         _, _, mma_pv_ss = self._mmas()
@@ -206,11 +206,11 @@ class MLADecode2WG(MLADecodeBase):
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
             if is_q_producer:
-                self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, r)
+                self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
                 q_prod.advance()
             if is_k_producer:
                 for blk in cutlass.range(start, cutlass.min(start + self.kv_stages, stop), unroll=1):
-                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, Int32(0),
+                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head,
                                           wg_tidx)
                     k_prod.advance()
             acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((BLOCK_M, HALF)), Float32)
@@ -238,12 +238,12 @@ class MLADecode2WG(MLADecodeBase):
                 if is_k_producer:
                     if blk + self.kv_stages < stop:
                         self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk + self.kv_stages,
-                                              seqlen, Int32(0), wg_tidx)
+                                              seqlen, kv_head, wg_tidx)
                         k_prod.advance()
             cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
             row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
             for i in cutlass.range_constexpr(n_rows_thr):
                 row_inv[i] = s_row_inv[tOcO[i, 0][0]]
             cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-            self.store_rows(acc_o, mma_pv_ss, wg_tidx, row_inv, row_inv, False, HALF, m_block, r, is_split,
+            self.store_rows(acc_o, mma_pv_ss, wg_tidx, row_inv, row_inv, False, HALF, m_block, kv_head, r, is_split,
                             split_idx, mO, mLSE, mOaccum, mLSEaccum)

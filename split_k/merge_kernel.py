@@ -7,8 +7,10 @@ columns), so the partial traffic is spread over b * rows CTAs instead of a few l
 Requests with a single chunk were written directly by the main kernel and are skipped here.
 
 Layouts (docs/interfaces.md): o_accum [splits, rows, 512] fp32, lse_accum [splits, rows] fp32
-natural log (-inf = no key in that chunk), num_splits [b + 1] prefix sums, out [b, rows, 512],
-lse [b, h_q, s_q] with row = s_idx * h_q + head.
+natural log (-inf = no key in that chunk), num_splits [b + 1] prefix sums, out [b, s_q, h_q, 512]
+(viewed as [b, rows, 512]: the API checks that the rows merge), lse [b, h_q, s_q], with
+row = s_idx * h_q + head for any number of kv heads (the main kernel writes the partials of each
+kv head's query heads at their own rows), so the merge needs no kv-head knowledge.
 """
 from __future__ import annotations
 
@@ -43,6 +45,10 @@ class SplitMerge:
 
         self.shared_storage = SharedStorage
         batch = mNumSplits.shape[0] - 1
+        # out [b, s_q, h_q, 512] -> [b, rows, 512]: row s_idx * h_q + head is at s_idx * stride(1) +
+        # head * stride(2) = row * stride(2), because the API checked stride(1) == h_q * stride(2).
+        mO = cute.make_tensor(mO.iterator, cute.make_layout(
+            (mO.shape[0], self.rows, HEAD_DIM_V), stride=(mO.stride[0], mO.stride[2], 1)))
         self.kernel(mOaccum, mLSEaccum, mNumSplits, mO, mLSE).launch(
             grid=[batch, self.rows, 1], block=[THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
 

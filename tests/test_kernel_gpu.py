@@ -21,13 +21,12 @@ def varlen(b: int, mean: int, seed: int, zeros: int = 1):
     return lens
 
 
-def make_paged_case(seqlens, s_q, h_q, *, dtype=torch.bfloat16, seed=0):
+def make_paged_case(seqlens, s_q, h_q, *, h_kv=1, dtype=torch.bfloat16, seed=0):
     """A poisoned paged problem with the anchors' value distribution: randn / 10 clamped to [-1, 1]
     (FlashMLA's tests draw the same; the NaN poison survives the clamp)."""
-    p = make_decode_problem(seqlens, s_q=s_q, h_q=h_q, dtype=dtype, device="cuda", seed=seed)
-    q = (p.q.float() / 10).clamp(-1, 1).to(dtype)
-    k_cache = (p.k_cache.float() / 10).clamp(-1, 1).to(dtype)
-    return q, k_cache, p.block_table, p.cache_seqlens
+    p = make_decode_problem(seqlens, s_q=s_q, h_q=h_q, h_kv=h_kv, dtype=dtype, device="cuda", seed=seed,
+                            value_scale=0.1)
+    return p.q, p.k_cache, p.block_table, p.cache_seqlens
 
 pytestmark = pytest.mark.gpu
 
@@ -74,6 +73,37 @@ def test_decode_matches_reference(variant, case):
     q, k_cache, block_table, cache_seqlens = make_paged_case(seqlens, s_q, h_q, dtype=dtype,
                                                              seed=hash((tuple(seqlens), s_q, h_q)) % 1000)
     meta, num_splits = mla.get_mla_metadata(cache_seqlens, s_q * h_q, 1)
+    out = torch.full((len(seqlens), s_q, h_q, 512), float("nan"), dtype=dtype, device="cuda")
+    out, lse = mla.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, meta, num_splits,
+                                          causal=causal, pipeline=variant, out=out)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, cache_seqlens, causal=causal)
+    cmp = compare_to_reference(out, lse, ref_out, ref_lse)
+    assert cmp.ok, cmp.message
+
+
+# Several kv heads (FlashMLA's grouping: query head h reads kv head h // (h_q / h_kv)):
+# (seqlens, s_q, h_q, h_kv, causal, dtype)
+KV_HEAD_CASES = [
+    ([140, 20, 0], 1, 16, 2, False, torch.bfloat16),
+    ([140, 4096, 33], 2, 9, 3, True, torch.bfloat16),  # odd heads per kv head, causal MTP
+    ([20, 140, 4096, 0], 4, 24, 8, True, torch.float16),
+    ([141, 600], 2, 128, 2, True, torch.bfloat16),  # 128 rows per kv head: 2 m-blocks each
+    ([16384], 1, 64, 2, False, torch.bfloat16),  # split across SMs + merge
+    (varlen(32, 1000, seed=4, zeros=2), 1, 16, 8, False, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("case", KV_HEAD_CASES, ids=lambda c: f"b{len(c[0])}-sq{c[1]}-h{c[2]}-hkv{c[3]}")
+def test_several_kv_heads_match_reference(variant, case):
+    import mla
+    from mla.reference import compare_to_reference, mla_decode_reference
+
+    seqlens, s_q, h_q, h_kv, causal, dtype = case
+    q, k_cache, block_table, cache_seqlens = make_paged_case(seqlens, s_q, h_q, h_kv=h_kv, dtype=dtype,
+                                                             seed=len(seqlens) + h_kv)
+    meta, num_splits = mla.get_mla_metadata(cache_seqlens, s_q * h_q // h_kv, h_kv)
     out = torch.full((len(seqlens), s_q, h_q, 512), float("nan"), dtype=dtype, device="cuda")
     out, lse = mla.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, meta, num_splits,
                                           causal=causal, pipeline=variant, out=out)
