@@ -28,6 +28,15 @@ def supported_page_sizes(variant: str) -> tuple[int, ...]:
     return PAGE_SIZES
 
 
+def multicast_cluster(page_size: int, rows: int) -> int:
+    """CTAs per TMA multicast cluster the kernels launch for ``page_size`` and ``rows`` query rows per kv
+    head (``h_q * s_q / h_kv``) while multicast is on (``MLA_MULTICAST`` unset or 1); 1 means no
+    cluster, so ``MLA_MULTICAST=0`` changes nothing for that configuration."""
+    from pipelines import paged_kv
+
+    return paged_kv.cluster_size(page_size, -(-rows // 64), True)
+
+
 def run_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
                out, lse, o_accum, lse_accum, softmax_scale, causal):
     """Launch the decode kernel of ``variant`` and the split-kv merge on the current torch stream."""
