@@ -1,6 +1,6 @@
 """Host glue: compile cache keyed by every static knob, torch -> CuTe tensor views, launches.
 
-A kernel is compiled once per (variant, dtype, h_q, s_q, page_size, causal, h_kv) against symbolic
+A kernel is compiled once per (variant, dtype, h_q, s_q, page_size, causal, h_kv, cluster size) against symbolic
 shapes and strides (batch, pages, plan size are runtime values), so a serving engine pays the
 compile once per model configuration, not per batch shape.
 """
@@ -60,13 +60,22 @@ def _cached_compile(key, build):
 
 
 def compile_decode(variant: str, dtype: str, num_heads: int, seqlen_q: int, page_size: int, causal: bool,
-                   num_heads_k: int = 1, options: str | None = None):
-    """Compile (or fetch from the cache) the decode kernel for one static configuration."""
+                   num_heads_k: int = 1, multicast: bool = True, options: str | None = None):
+    """Compile (or fetch from the cache) the decode kernel for one static configuration.
+
+    ``multicast``: allow a TMA multicast cluster where the configuration has one
+    (``paged_kv.cluster_size``); the key holds the resulting cluster size, so a configuration
+    without a cluster compiles once whatever the flag."""
+    from pipelines import paged_kv
+
     causal = bool(causal) and seqlen_q > 1  # causal changes nothing for one query token: one kernel
+    # m-blocks per kv head: the rows of one CTA's problem are the heads_per_kv * s_q of one kv head.
+    cluster = paged_kv.cluster_size(page_size, -(-(num_heads // num_heads_k) * seqlen_q // 64), multicast)
 
     def build():
         cdt = _cute_dtype(dtype)
-        kernel = _kernel_class(variant)(cdt, num_heads, seqlen_q, page_size, causal, num_heads_k)
+        kernel = _kernel_class(variant)(cdt, num_heads, seqlen_q, page_size, causal, num_heads_k,
+                                        multicast=cluster > 1)
         i32, f32 = cutlass.Int32, cutlass.Float32
         args = (
             _fake(cdt, 4, 8),  # q [b, s_q, h_q, 576], or [b, h_kv, rows, 576] grouped (h_kv > 1)
@@ -84,7 +93,8 @@ def compile_decode(variant: str, dtype: str, num_heads: int, seqlen_q: int, page
         )
         return kernel, args
 
-    return _cached_compile((variant, dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, options), build)
+    return _cached_compile((variant, dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, cluster, options),
+                           build)
 
 
 def compile_merge(dtype: str, num_heads: int, seqlen_q: int, options: str | None = None):
@@ -109,10 +119,12 @@ def launch_decode(variant, q, k_cache, block_table, cache_seqlens, tile_schedule
     import torch
     from cuda.bindings import driver as cuda
 
+    from pipelines import paged_kv
+
     s_q, h_q = q.shape[1], q.shape[2]
     h_kv = k_cache.shape[2]
     dtype = str(q.dtype).replace("torch.", "")
-    fn = compile_decode(variant, dtype, h_q, s_q, k_cache.shape[1], causal, h_kv)
+    fn = compile_decode(variant, dtype, h_q, s_q, k_cache.shape[1], causal, h_kv, paged_kv.multicast_enabled())
     merge = compile_merge(dtype, h_q, s_q)
     q = group_queries(q, h_kv)  # a copy only when h_kv > 1 (pipelines/heads.py says why)
     stream = cuda.CUstream(torch.cuda.current_stream().cuda_stream)
