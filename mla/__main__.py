@@ -1,13 +1,15 @@
 """``python -m mla``: report the environment and check the library on what this machine has.
 
-With a Hopper GPU and a kernel: run a small decode through the public API for every pipeline that
-has a kernel and compare it with the fp32 reference (exit 1 on a mismatch or an error).
+With a Hopper GPU and a kernel: run small decodes through the public API for every pipeline that
+has a kernel, at page sizes 1, 16, 32, 64 and 128 (``--page-size N`` narrows that, e.g. for a
+compute-sanitizer run), and compare them with the fp32 reference (exit 1 on a mismatch or an error).
 Otherwise say plainly why not, and check the CPU side instead: the split planner plus the merge
 math against the unsplit reference (exit 1 on a mismatch). A missing kernel is reported, not a
 failure.
 """
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import platform
 import sys
@@ -48,38 +50,54 @@ def report_environment() -> None:
           f"pipeline='auto' -> {api.resolve_pipeline('auto')}")
 
 
-# (s_q, h_q, h_kv, causal) of the GPU self-check: plain decode, then causal MTP with two kv heads.
-GPU_CHECK_CASES = ((1, 16, 1, False), (2, 16, 2, True))
+# (s_q, h_q, h_kv, causal) of the GPU self-check: plain decode, causal MTP with two kv heads, and 128
+# rows (two m-blocks: with a TMA page size and multicast on, a 2-CTA cluster).
+GPU_CHECK_CASES = ((1, 16, 1, False), (2, 16, 2, True), (1, 128, 1, False))
+# Page sizes of the GPU self-check (those a pipeline supports): the cp.async gather (1), several pages
+# per TMA tile (16, 32), one page per tile (64), half a page per tile (128).
+GPU_CHECK_PAGE_SIZES = (1, 16, 32, 64, 128)
 
 
-def gpu_check() -> bool:
+def gpu_check(page_sizes=GPU_CHECK_PAGE_SIZES) -> bool:
     """Decode b=2, ~200 keys, NaN in unused cache slots, through the public API for each pipeline with
-    a kernel and each of ``GPU_CHECK_CASES``; compare with the reference. Returns True when all pass."""
-    ok = True
+    a kernel, each of ``page_sizes`` it supports and each of ``GPU_CHECK_CASES``; compare with the
+    reference. Returns True when all pass (and at least one decode ran)."""
+    from pipelines import paged_kv
+
+    ok, ran = True, 0
+    multicast = paged_kv.multicast_enabled()
     for variant in pipelines.available_variants():
-        sizes = pipelines.supported_page_sizes(variant)
-        page_size = 64 if 64 in sizes else sizes[0]
-        for s_q, h_q, h_kv, causal in GPU_CHECK_CASES:
-            name = f"{variant} (page {page_size}, s_q {s_q}, h_q {h_q}, h_kv {h_kv}{', causal' if causal else ''})"
-            # The anchors' value distribution (randn / 10, clamped), for which the tolerances are made.
-            prob = make_decode_problem([200, 137], s_q=s_q, h_q=h_q, h_kv=h_kv, page_size=page_size, device="cuda",
-                                       seed=1, value_scale=0.1)
-            ref_out, ref_lse = mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens,
-                                                    causal=causal)
-            try:
-                metadata, num_splits = api.get_mla_metadata(prob.cache_seqlens, s_q * h_q // h_kv, h_kv)
-                out, lse = api.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens,
-                                                      512, metadata, num_splits, causal=causal, pipeline=variant)
-                torch.cuda.synchronize()
-            except Exception as exc:  # report every variant, then fail
-                print(f"  {name}: FAIL, raised {type(exc).__name__}: {exc}")
-                ok = False
-                continue
-            cmp = compare_to_reference(out, lse, ref_out, ref_lse)
-            print(f"  {name}: max |out - ref| = {cmp.max_abs_out:.3g}, max |lse - ref| = {cmp.max_abs_lse:.3g}, "
-                  f"cosine distance {cmp.cos_dist:.2g}: {'PASS' if cmp.ok else 'FAIL (' + cmp.message + ')'}")
-            ok &= cmp.ok
-    return ok
+        for page_size in [p for p in page_sizes if p in pipelines.supported_page_sizes(variant)]:
+            for s_q, h_q, h_kv, causal in GPU_CHECK_CASES:
+                m_blocks = -(-s_q * h_q // h_kv // 64)
+                cluster = paged_kv.cluster_size(page_size, m_blocks, multicast)
+                name = (f"{variant} (page {page_size} {'TMA' if paged_kv.uses_tma(page_size) else 'cp.async'}"
+                        f"{f', cluster {cluster}' if cluster > 1 else ''}, s_q {s_q}, h_q {h_q}, h_kv {h_kv}"
+                        f"{', causal' if causal else ''})")
+                # The anchors' value distribution (randn / 10, clamped), for which the tolerances are made.
+                prob = make_decode_problem([200, 137], s_q=s_q, h_q=h_q, h_kv=h_kv, page_size=page_size,
+                                           device="cuda", seed=1, value_scale=0.1)
+                ref_out, ref_lse = mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens,
+                                                        causal=causal)
+                ran += 1
+                try:
+                    metadata, num_splits = api.get_mla_metadata(prob.cache_seqlens, s_q * h_q // h_kv, h_kv)
+                    out, lse = api.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table,
+                                                          prob.cache_seqlens, 512, metadata, num_splits,
+                                                          causal=causal, pipeline=variant)
+                    torch.cuda.synchronize()
+                except Exception as exc:  # report every variant, then fail
+                    print(f"  {name}: FAIL, raised {type(exc).__name__}: {exc}")
+                    ok = False
+                    continue
+                cmp = compare_to_reference(out, lse, ref_out, ref_lse)
+                print(f"  {name}: max |out - ref| = {cmp.max_abs_out:.3g}, max |lse - ref| = "
+                      f"{cmp.max_abs_lse:.3g}, cosine distance {cmp.cos_dist:.2g}: "
+                      f"{'PASS' if cmp.ok else 'FAIL (' + cmp.message + ')'}")
+                ok &= cmp.ok
+    if not ran:
+        print(f"  no pipeline supports any of the page sizes {tuple(page_sizes)}: nothing checked: FAIL")
+    return ok and ran > 0
 
 
 def cpu_check(num_sms: int = 132) -> bool:
@@ -108,12 +126,18 @@ def cpu_check(num_sms: int = 132) -> bool:
     return ok
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    from pipelines import paged_kv
+
+    parser = argparse.ArgumentParser(prog="python -m mla", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--page-size", type=int, action="append", choices=paged_kv.PAGE_SIZES,
+                        help=f"page size for the GPU check (repeatable; default {GPU_CHECK_PAGE_SIZES})")
+    args = parser.parse_args(argv)
     report_environment()
     reason = hopper_skip_reason()
     if reason is None and pipelines.available_variants():
         print("GPU decode check through the public API against the fp32 reference:")
-        return 0 if gpu_check() else 1
+        return 0 if gpu_check(tuple(args.page_size or GPU_CHECK_PAGE_SIZES)) else 1
     if reason is None:
         print("Hopper GPU found, but no pipeline has a kernel yet: no GPU decode to check. "
               "Checking the reference and planner on the CPU instead:")

@@ -15,7 +15,9 @@ those are the caller's responsibility, as with FlashMLA.
 
 Eager calls are the hot path of an engine whenever a step does not match a captured CUDA graph, so
 the checks are cached per *signature*: each tensor's shape, strides and dtype, q's device, the
-scalar arguments with their types, the plan's host-side facts, the pipeline name. A repeated
+scalar arguments with their types, the plan's host-side facts, the pipeline name and the
+``MLA_PIPELINE``/``MLA_MULTICAST`` values (``MLADecoder`` reads them once, in ``__init__`` and
+``plan``). A repeated
 signature costs one dictionary lookup; a new one gets every check, and a failed check is never
 cached. What a signature leaves open is checked by the compiled function itself on every call,
 in C, before it launches (TVM-FFI's argument decoding against the compiled signature: every
@@ -47,17 +49,23 @@ PLANNER_DEVICE_TYPE = "cuda"
 """Device type the planner kernel runs on (read at call time, so CPU tests can substitute a fake)."""
 
 
+MULTICAST_ENV_VAR = "MLA_MULTICAST"  # pipelines.paged_kv reads it when a kernel is looked up
 _ENV_DATA = getattr(os.environ, "_data", None)  # CPython's encoded environment (what os.environ reads)
-_ENV_KEY = os.environ.encodekey(PIPELINE_ENV_VAR) if hasattr(os.environ, "encodekey") else None
+_ENCODE = getattr(os.environ, "encodekey", None)
 
 
-def _pipeline_env_raw():
-    """The raw ``MLA_PIPELINE`` value (bytes or None) for the signature of a ``pipeline="auto"``
-    call: one dict lookup instead of ``os.environ.get``'s encode/decode round trip, which costs
-    as much as the rest of a cached call's checks."""
-    if _ENV_DATA is not None and _ENV_KEY is not None:
-        return _ENV_DATA.get(_ENV_KEY)
-    return os.environ.get(PIPELINE_ENV_VAR)
+def _env_reader(name: str):
+    """A function returning the raw value of environment variable ``name`` (None if unset), for call
+    signatures: one dict lookup instead of ``os.environ.get``'s encode/decode round trip, which
+    costs as much as the rest of a cached call's checks."""
+    if _ENV_DATA is not None and _ENCODE is not None:
+        key = _ENCODE(name)
+        return lambda: _ENV_DATA.get(key)
+    return lambda: os.environ.get(name)
+
+
+_pipeline_env_raw = _env_reader(PIPELINE_ENV_VAR)
+_multicast_env_raw = _env_reader(MULTICAST_ENV_VAR)
 
 
 def resolve_pipeline(pipeline: str = "auto") -> str:
@@ -349,7 +357,7 @@ def _flash_key(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v, til
         plan = (tile_scheduler_metadata.shape, tile_scheduler_metadata.stride(), tile_scheduler_metadata.dtype,
                 num_splits.shape, num_splits.stride(), num_splits.dtype,
                 getattr(tile_scheduler_metadata, "_mla_plan_info", None))
-    return (pipeline, _pipeline_env_raw() if pipeline == "auto" else None,
+    return (pipeline, _pipeline_env_raw() if pipeline == "auto" else None, _multicast_env_raw(),
             q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype,
             block_table.shape, block_table.stride(), block_table.dtype,
             cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,

@@ -7,8 +7,10 @@ and split-kv merge kernels, TVM-FFI), and the merge and planner kernels alone, w
 (``CUTE_DSL_ARCH=sm_90a``, fake tensors), disassembles the cubin with ``nvdisasm`` and
 counts the instructions that show the variant is on the intended path: ``HGMMA`` (wgmma),
 ``UTMALDG`` (TMA loads), ``UTMALDG...MULTICAST``, ``USETMAXREG`` (register reallocation), ``LDGSTS``
-(cp.async) and ``LDL``/``STL`` (local memory: register spills). It exits 1 if a variant lacks an
-instruction it promises or has one it must not have, 2 if the tools are missing.
+(cp.async) and ``LDL``/``STL`` (local memory: register spills). The configurations cover both KV
+loaders and the multicast cluster (``DECODE_CONFIGS``): what a configuration promises follows from
+its page size and cluster (``loader_promises``) on top of the variant's own promises. It exits 1 if
+a kernel lacks an instruction it promises or has one it must not have, 2 if the tools are missing.
 """
 from __future__ import annotations
 
@@ -53,21 +55,57 @@ class Target:
     causal: bool
     need: tuple[str, ...]
     forbid: tuple[str, ...] = ("LDL", "STL")
+    page_size: int = 64
+    multicast: bool = True
 
 
-# What each pipeline variant promises in its SASS. 2wg: wgmma for QK and PV, TMA page loads, no
-# spills; it has no producer warpgroup, so no setmaxnreg, and no cp.async path.
+# What each pipeline variant promises in its SASS, whatever the page size. 2wg: wgmma for QK and PV,
+# TMA for Q, no spills; it has no producer warpgroup, so no setmaxnreg.
 PROMISES = {
-    "2wg": dict(need=("HGMMA", "UTMALDG"), forbid=("LDL", "STL", "LDGSTS", "USETMAXREG")),
+    "2wg": dict(need=("HGMMA", "UTMALDG"), forbid=("LDL", "STL", "USETMAXREG")),
 }
+
+# (dtype, h_q, s_q, causal, page_size, multicast) of the decode kernels checked per variant: a 2-CTA
+# multicast cluster (128 rows, TMA page 64), TMA pages without a cluster (one m-block), the cp.async
+# gather (page 1), and a configuration that would have a cluster with multicast switched off.
+DECODE_CONFIGS = (
+    ("bfloat16", 128, 1, False, 64, True),
+    ("float16", 16, 2, True, 64, True),
+    ("bfloat16", 16, 1, False, 1, True),
+    ("bfloat16", 64, 2, True, 16, False),
+)
+
+
+def loader_promises(page_size: int, h_q: int, s_q: int, multicast: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(need, forbid) that follow from the KV loader and the cluster: TMA pages load K with UTMALDG
+    and no cp.async; gather pages with LDGSTS; a cluster multicasts (UTMALDG...MULTICAST), a lone
+    CTA must not."""
+    from pipelines import paged_kv
+
+    need, forbid = [], []
+    if paged_kv.uses_tma(page_size):
+        need.append("UTMALDG")
+        forbid.append("LDGSTS")
+    else:
+        need.append("LDGSTS")
+    if paged_kv.cluster_size(page_size, -(-h_q * s_q // 64), multicast) > 1:
+        need.append("UTMALDG_MULTICAST")
+    else:
+        forbid.append("UTMALDG_MULTICAST")
+    return tuple(need), tuple(forbid)
 
 
 def targets(variants: list[str]) -> list[Target]:
     out = []
     for v in variants:
         p = PROMISES[v]
-        out.append(Target(f"{v} bf16 h128 s_q1", "decode", v, "bfloat16", 128, 1, False, **p))
-        out.append(Target(f"{v} fp16 h16 s_q2 causal", "decode", v, "float16", 16, 2, True, **p))
+        for dtype, h_q, s_q, causal, page, multicast in DECODE_CONFIGS:
+            need, forbid = loader_promises(page, h_q, s_q, multicast)
+            name = (f"{v} {'bf16' if dtype == 'bfloat16' else 'fp16'} h{h_q} s_q{s_q}{' causal' if causal else ''} "
+                    f"p{page}{'' if multicast else ' mc-off'}")
+            out.append(Target(name, "decode", v, dtype, h_q, s_q, causal,
+                              need=tuple(dict.fromkeys(p["need"] + need)),
+                              forbid=tuple(dict.fromkeys(p["forbid"] + forbid)), page_size=page, multicast=multicast))
     out.append(Target("merge bf16 h128 s_q1", "merge", None, "bfloat16", 128, 1, False, need=()))
     # The planner: one CTA of scalar code; its walk must stay in registers.
     out.append(Target("planner", "planner", None, "int32", 0, 0, False, need=()))
@@ -104,7 +142,8 @@ def compile_target(t: Target, dump_dir: str):
     if t.kind == "decode":
         # The host entry the API calls (decode + merge kernels, TVM-FFI), so the SASS checked is the
         # SASS that runs; its cubin holds both kernels.
-        config = launch.DecodeConfig.make(t.variant, t.dtype, t.h_q, t.s_q, 64, t.causal)
+        config = launch.DecodeConfig.make(t.variant, t.dtype, t.h_q, t.s_q, t.page_size, t.causal,
+                                          multicast=t.multicast)
         fn = launch.compile_entry(config, options=options)
     elif t.kind == "merge":
         fn = launch.compile_merge(t.dtype, t.h_q, t.s_q, options=options)
@@ -139,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         print("compile_check: nvdisasm not found (pip install nvidia-cuda-nvdisasm)", file=sys.stderr)
         return 2
     failed = False
-    print(f"{'kernel':<28} {'compile s':>9} " + " ".join(f"{k:>17}" for k in COUNTED) + "  verdict")
+    print(f"{'kernel':<36} {'compile s':>9} " + " ".join(f"{k:>17}" for k in COUNTED) + "  verdict")
     for t in targets(variants):
         with tempfile.TemporaryDirectory() as tmp:
             work = args.keep or tmp
@@ -156,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = check_promises(counts, t.need, t.forbid)
         failed |= bool(problems)
         verdict = "ok" if not problems else "FAIL: " + ", ".join(problems)
-        print(f"{t.name:<28} {secs:>9.1f} " + " ".join(f"{counts[k]:>17}" for k in COUNTED) + f"  {verdict}",
+        print(f"{t.name:<36} {secs:>9.1f} " + " ".join(f"{counts[k]:>17}" for k in COUNTED) + f"  {verdict}",
               flush=True)
     return 1 if failed else 0
 

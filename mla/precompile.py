@@ -1,13 +1,15 @@
 """Compile a model configuration's decode kernels ahead, into the on-disk kernel cache.
 
     python -m mla.precompile [--dtype bf16 fp16] [--heads-q 128 64] [--seqlen-q 1 2] [--heads-k 1]
-                             [--page-size 64] [--pipeline 2wg] [--causal both|yes|no] [--jobs N]
+                             [--page-size 64] [--pipeline 2wg] [--causal both|yes|no]
+                             [--multicast env|on|off|both] [--jobs N]
     python -m mla.precompile --list       # what the cache holds for this toolchain and these sources
     python -m mla.precompile --prune      # delete entries of other toolchains / older sources
 
 Every combination of the values given is one compiled entry (decode + merge kernels) keyed by
-(pipeline, dtype, h_q, s_q, page size, causal, h_kv); causal only exists for s_q > 1, where
-``--causal both`` (default) compiles both. The split planner kernel (one entry for every
+(pipeline, dtype, h_q, s_q, page size, causal, h_kv, multicast cluster size); causal only exists
+for s_q > 1, where ``--causal both`` (default) compiles both; the cluster follows ``MLA_MULTICAST``
+unless ``--multicast`` says otherwise (configurations without a cluster are one entry either way). The split planner kernel (one entry for every
 configuration; ``get_mla_metadata`` and ``MLADecoder.plan`` run it for CUDA lengths) comes along
 unless ``--no-planner``. A serving engine sharded over tensor-parallel degrees
 lists its per-GPU head counts (DeepSeek-V3's 128 heads: 128, 64, 32, 16 for TP 1, 2, 4, 8).
@@ -54,6 +56,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--pipeline", nargs="+", help="default: every pipeline with a kernel")
     parser.add_argument("--causal", choices=sorted(_CAUSAL), default="both",
                         help="for s_q > 1: causal, non-causal or both (default)")
+    parser.add_argument("--multicast", choices=("env", "on", "off", "both"), default="env",
+                        help="TMA multicast clusters (where a configuration has one): as MLA_MULTICAST says "
+                             "(default: what decodes in this environment will ask for), on, off, or both")
     parser.add_argument("--no-planner", action="store_true", help="leave out the split planner kernel")
     parser.add_argument("--jobs", type=_positive, default=None,
                         help="compiles in parallel (processes); default: min(entries, cores / 2, 8)")
@@ -71,6 +76,10 @@ def plan_configs(args: argparse.Namespace) -> tuple[list, list[str]]:
 
     from .validate import MAX_HEADS_PER_KV, MAX_S_Q
 
+    from pipelines import paged_kv
+
+    multicast = {"env": (paged_kv.multicast_enabled(),), "on": (True,), "off": (False,),
+                 "both": (True, False)}[args.multicast]
     available = pipelines.available_variants()
     variants = args.pipeline or available
     for v in variants:
@@ -100,7 +109,9 @@ def plan_configs(args: argparse.Namespace) -> tuple[list, list[str]]:
                                 skipped.append(f"{label}: {why}")
                                 continue
                             for causal in (_CAUSAL[args.causal] if s_q > 1 else (False,)):
-                                configs.append(DecodeConfig.make(variant, dtype, h_q, s_q, page, causal, h_kv))
+                                for mc in multicast:
+                                    configs.append(DecodeConfig.make(variant, dtype, h_q, s_q, page, causal, h_kv,
+                                                                     mc))
     return list(dict.fromkeys(configs)), skipped
 
 

@@ -47,14 +47,19 @@ def make_decode_problem(seqlens: Sequence[int], *, s_q: int = 1, h_q: int = 16, 
     block_table = torch.full((b, max(max(pages_per_req, default=0), 1)), UNUSED_PAGE_ID, dtype=torch.int32)
     k_cache = torch.full((num_pages, page_size, h_kv, head_dim), float("nan"), dtype=dtype)
     values = _draw((num_pages, page_size, h_kv, head_dim), gen, value_scale).to(dtype)
+    # Request r takes the next n_pages(r) ids of the permutation, page by page; a page's first
+    # min(page_size, tokens left) slots hold values, the rest stay NaN. (Vectorised: page size 1
+    # means one page per token.)
+    total = sum(pages_per_req)
+    assigned = torch.tensor(order[:total], dtype=torch.long)
+    used = torch.empty(total, dtype=torch.long)
     next_page = 0
     for r, (n, n_pages) in enumerate(zip(seqlens, pages_per_req)):
-        for p in range(n_pages):
-            page = order[next_page]
-            next_page += 1
-            block_table[r, p] = page
-            used = min(page_size, n - p * page_size)
-            k_cache[page, :used] = values[page, :used]
+        block_table[r, :n_pages] = assigned[next_page:next_page + n_pages].to(torch.int32)
+        used[next_page:next_page + n_pages] = (n - torch.arange(n_pages) * page_size).clamp(max=page_size)
+        next_page += n_pages
+    filled = torch.arange(page_size).view(1, page_size) < used.view(total, 1)  # [pages, slots]
+    k_cache[assigned] = torch.where(filled.view(total, page_size, 1, 1), values[assigned], k_cache[assigned])
     q = _draw((b, s_q, h_q, head_dim), gen, value_scale).to(dtype)
     cache_seqlens = torch.tensor(list(seqlens), dtype=torch.int32)
     return DecodeProblem(q.to(device), k_cache.to(device), block_table.to(device), cache_seqlens.to(device))

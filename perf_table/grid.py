@@ -50,7 +50,11 @@ _QUICK_SMALL_PAGES = (
 
 @dataclasses.dataclass(frozen=True, order=True)
 class Config:
-    """One benchmark shape. ``seqlen`` is the mean length when ``varlen`` is set."""
+    """One benchmark shape. ``seqlen`` is the mean length when ``varlen`` is set.
+
+    ``multicast``: None where the kernels use no multicast cluster for this shape; True / False for
+    the two rows of a shape that has one (``MLA_MULTICAST`` on / off: the A/B pair).
+    """
 
     page_size: int
     b: int
@@ -59,6 +63,7 @@ class Config:
     seqlen: int
     varlen: bool = False
     dtype: str = DTYPE
+    multicast: bool | None = None
 
     @property
     def causal(self) -> bool:
@@ -68,7 +73,8 @@ class Config:
     def label(self) -> str:
         """Short human-readable name, e.g. ``p64 b128 s1 h128 L4096``."""
         length = f"L~{self.seqlen} varlen" if self.varlen else f"L{self.seqlen}"
-        return f"p{self.page_size} b{self.b} s{self.s_q} h{self.h_q} {length}"
+        mcast = {None: "", True: " mc-on", False: " mc-off"}[self.multicast]
+        return f"p{self.page_size} b{self.b} s{self.s_q} h{self.h_q} {length}{mcast}"
 
     def seqlens(self) -> list[int]:
         """The per-request KV lengths: all ``seqlen``, or the seeded varlen draw."""

@@ -6,6 +6,8 @@ one; ``main`` wires it to the GPU measurements of ``bench``.
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import datetime
 import importlib.metadata
 import json
@@ -59,6 +61,8 @@ INPUTS = {
     "varlen": "lengths from N(mean, mean/2) rounded, clipped at 0, b//32 (>= 1) requests set to 0; "
               "numpy seed (0, b, mean)",
     "causal": "s_q > 1",
+    "multicast": "configs with a multicast cluster (pipelines.multicast_cluster > 1) run twice, MLA_MULTICAST=1 "
+                 "then 0 (row field multicast true / false); null: no cluster for that config",
 }
 
 
@@ -92,24 +96,33 @@ def select_variants(available: list[str], known: Iterable[str], requested: str |
 
 
 def build_plan(variants: list[str], supported_page_sizes: Callable[[str], tuple[int, ...]], quick: bool,
-               page_sizes: Iterable[int] | None = None) -> list[tuple[str, grid.Config]]:
+               page_sizes: Iterable[int] | None = None,
+               multicast_cluster: Callable[[int, int], int] = lambda page_size, rows: 1,
+               ) -> list[tuple[str, grid.Config]]:
     """(variant, config) pairs in run order: variant by variant, page size by page size.
 
     A variant runs the grid's page sizes (64, 16, 1) that it supports, narrowed to ``page_sizes``
-    when given.
+    when given. A config for which ``multicast_cluster(page_size, h_q * s_q)`` is a cluster (> 1)
+    runs twice, multicast on then off (the A/B pair, same inputs); the others once.
     """
     wanted = set(page_sizes) if page_sizes else set(grid.PAGE_SIZES)
     plan = []
     for variant in variants:
         pages = tuple(p for p in grid.grid_page_sizes(tuple(supported_page_sizes(variant))) if p in wanted)
         configs = grid.quick_grid(pages) if quick else grid.full_grid(pages)
-        plan.extend((variant, cfg) for cfg in configs)
+        for cfg in configs:
+            if multicast_cluster(cfg.page_size, cfg.h_q * cfg.s_q) > 1:
+                plan.append((variant, dataclasses.replace(cfg, multicast=True)))
+                plan.append((variant, dataclasses.replace(cfg, multicast=False)))
+            else:
+                plan.append((variant, cfg))
     return plan
 
 
 def _config_fields(variant: str, cfg: grid.Config) -> dict:
     return {"pipeline": variant, "dtype": cfg.dtype, "page_size": cfg.page_size, "b": cfg.b, "s_q": cfg.s_q,
-            "h_q": cfg.h_q, "seqlen": cfg.seqlen, "varlen": cfg.varlen, "causal": cfg.causal}
+            "h_q": cfg.h_q, "seqlen": cfg.seqlen, "varlen": cfg.varlen, "causal": cfg.causal,
+            "multicast": cfg.multicast}
 
 
 def measure_row(variant: str, cfg: grid.Config, total_kv_tokens: int, samples_us: list[float],
@@ -197,6 +210,26 @@ def run_plan(plan: list[tuple[str, grid.Config]], bench: Callable[[str, grid.Con
                     log(f"CUDA context lost after {lost}: the remaining configs are recorded as not run")
         after_each(rows)
     return rows
+
+
+MULTICAST_ENV_VAR = "MLA_MULTICAST"  # pipelines.paged_kv.MULTICAST_ENV_VAR (perf_table does not import the DSL)
+
+
+@contextlib.contextmanager
+def multicast_env(multicast: bool | None):
+    """``MLA_MULTICAST`` set to 1 / 0 for a config's A/B row (restored after); None leaves it alone."""
+    if multicast is None:
+        yield
+        return
+    old = os.environ.get(MULTICAST_ENV_VAR)
+    os.environ[MULTICAST_ENV_VAR] = "1" if multicast else "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[MULTICAST_ENV_VAR]
+        else:
+            os.environ[MULTICAST_ENV_VAR] = old
 
 
 def device_slug(name: str) -> str:
@@ -287,7 +320,7 @@ def main(quick: bool = False, pipeline: str | None = None, out: str | None = Non
         import mla
     except Exception as exc:  # noqa: BLE001
         raise PreflightError(f"cannot import mla (the public API being measured): {type(exc).__name__}: {exc}") from exc
-    plan = build_plan(variants, pipelines.supported_page_sizes, quick, page_sizes)
+    plan = build_plan(variants, pipelines.supported_page_sizes, quick, page_sizes, pipelines.multicast_cluster)
     if not plan:
         raise PreflightError(f"nothing to run: variants {variants} support page sizes "
                              f"{ {v: pipelines.supported_page_sizes(v) for v in variants} }, grid has {grid.PAGE_SIZES}")
@@ -337,17 +370,19 @@ def main(quick: bool = False, pipeline: str | None = None, out: str | None = Non
         timer.daemon = True
         timer.start()
         try:
-            inp = bench.make_inputs(cfg, seed=SEED)
-            fn = bench.make_decode_fn(mla, variant, cfg, inp, num_sms=props.multi_processor_count)
-            samples = bench.time_graph(fn, replays, WARMUP_REPLAYS)
-            if not eager:
-                return inp.total_kv_tokens, samples
-            flash = bench.make_flash_fn(mla, variant, cfg, inp, num_sms=props.multi_processor_count)
-            times = {"run_us": bench.time_eager(fn, EAGER_TIMING["eager_calls"], EAGER_TIMING["eager_warmup"],
-                                                EAGER_TIMING["eager_rounds"]),
-                     "flash_us": bench.time_eager(flash, EAGER_TIMING["eager_calls"], EAGER_TIMING["eager_warmup"],
-                                                  EAGER_TIMING["eager_rounds"])}
-            return inp.total_kv_tokens, samples, times
+            # The switch is read at every launch, the graph capture's included: hold it for the whole config.
+            with multicast_env(cfg.multicast):
+                inp = bench.make_inputs(cfg, seed=SEED)
+                fn = bench.make_decode_fn(mla, variant, cfg, inp, num_sms=props.multi_processor_count)
+                samples = bench.time_graph(fn, replays, WARMUP_REPLAYS)
+                if not eager:
+                    return inp.total_kv_tokens, samples
+                flash = bench.make_flash_fn(mla, variant, cfg, inp, num_sms=props.multi_processor_count)
+                times = {"run_us": bench.time_eager(fn, EAGER_TIMING["eager_calls"], EAGER_TIMING["eager_warmup"],
+                                                    EAGER_TIMING["eager_rounds"]),
+                         "flash_us": bench.time_eager(flash, EAGER_TIMING["eager_calls"],
+                                                      EAGER_TIMING["eager_warmup"], EAGER_TIMING["eager_rounds"])}
+                return inp.total_kv_tokens, samples, times
         finally:
             timer.cancel()
 

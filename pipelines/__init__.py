@@ -7,29 +7,40 @@ from __future__ import annotations
 
 VARIANTS = ("2wg", "3wg")
 
-# variant -> page sizes its load path supports (filled in as kernels land)
-_PAGE_SIZES: dict[str, tuple[int, ...]] = {
-    # TMA page path: one 64-token page per KV tile.
-    "2wg": (64,),
-}
+# Variants whose kernel exists. Every kernel loads K through the skeleton's paged-KV loaders, so each
+# serves every page size of ``pipelines.paged_kv.PAGE_SIZES`` (the one place they are stated).
+_WITH_KERNEL = ("2wg",)
 
 
 def available_variants() -> list[str]:
     """Variants whose kernel exists (a subset of ``VARIANTS``)."""
-    return [v for v in VARIANTS if v in _PAGE_SIZES]
+    return [v for v in VARIANTS if v in _WITH_KERNEL]
 
 
 def supported_page_sizes(variant: str) -> tuple[int, ...]:
     """Page sizes the variant's load path handles; empty if the variant has no kernel yet."""
     if variant not in VARIANTS:
         raise ValueError(f"pipeline must be one of {VARIANTS}, got {variant!r}")
-    return _PAGE_SIZES.get(variant, ())
+    if variant not in _WITH_KERNEL:
+        return ()
+    from pipelines.paged_kv import PAGE_SIZES  # imports the DSL: only when a kernel may be used
+
+    return PAGE_SIZES
+
+
+def multicast_cluster(page_size: int, rows: int) -> int:
+    """CTAs per TMA multicast cluster the kernels launch for ``page_size`` and ``rows`` query rows per kv
+    head (``h_q * s_q / h_kv``) while multicast is on (``MLA_MULTICAST`` unset or 1); 1 means no
+    cluster, so ``MLA_MULTICAST=0`` changes nothing for that configuration."""
+    from pipelines import paged_kv
+
+    return paged_kv.cluster_size(page_size, -(-rows // 64), True)
 
 
 def _require_kernel(variant: str) -> None:
     if variant not in VARIANTS:
         raise ValueError(f"pipeline must be one of {VARIANTS}, got {variant!r}")
-    if variant not in _PAGE_SIZES:
+    if variant not in _WITH_KERNEL:
         raise NotImplementedError(f"pipeline {variant!r} has no kernel yet; available: {available_variants()}")
 
 
@@ -41,15 +52,20 @@ def workspace_numel(batch_size: int, num_parts: int, rows: int) -> int:
 
 
 def decode_launcher(variant: str, dtype, num_heads_q: int, seqlen_q: int, page_size: int, causal: bool,
-                    num_heads_k: int = 1):
+                    num_heads_k: int = 1, multicast: bool | None = None):
     """The compiled decode of one static configuration, from memory, the on-disk kernel cache, or a
     fresh compile (seconds, once per machine). Returns a callable ``(q, k_cache, block_table,
     cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace, softmax_scale)`` that
     launches the decode kernel and the split-kv merge on the current torch stream, with no host
-    synchronisation and no allocation. Inputs must already be validated by ``mla``."""
+    synchronisation and no allocation. Inputs must already be validated by ``mla``.
+    ``multicast``: allow a TMA multicast cluster; None reads ``MLA_MULTICAST`` now."""
     _require_kernel(variant)
+    from pipelines import paged_kv
     from pipelines.launch import DecodeConfig, decode_launcher as _launcher
-    return _launcher(DecodeConfig.make(variant, dtype, num_heads_q, seqlen_q, page_size, causal, num_heads_k))
+    if multicast is None:
+        multicast = paged_kv.multicast_enabled()
+    return _launcher(DecodeConfig.make(variant, dtype, num_heads_q, seqlen_q, page_size, causal, num_heads_k,
+                                       multicast))
 
 
 def run_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,

@@ -6,11 +6,11 @@ kernel on the current torch stream. It is compiled with TVM-FFI (``--enable-tvm-
 the environment), so a call passes torch tensors straight through: no per-call ``from_dlpack``
 views, no ``CUstream`` object, no view ops.
 
-Compiled once per ``DecodeConfig`` (variant, dtype, h_q, s_q, page size, causal, h_kv) against
-symbolic batch size, page count, plan size and strides, so a serving engine pays the compile once
-per model configuration, not per batch shape; compiled entries are kept on disk across processes
-(``pipelines.cache``), keyed by that configuration under a fingerprint of the kernel sources and
-the toolchain (``namespace``).
+Compiled once per ``DecodeConfig`` (variant, dtype, h_q, s_q, page size, causal, h_kv, TMA multicast
+cluster size) against symbolic batch size, page count, plan size and strides, so a serving engine
+pays the compile once per model configuration, not per batch shape; compiled entries are kept on
+disk across processes (``pipelines.cache``), keyed by that configuration under a fingerprint of the
+kernel sources and the toolchain (``namespace``).
 """
 from __future__ import annotations
 
@@ -72,7 +72,10 @@ def _kernel_class(variant: str):
 @dataclasses.dataclass(frozen=True)
 class DecodeConfig:
     """Everything a compiled decode entry is specialised on. Build it with ``DecodeConfig.make``,
-    which normalises (``causal`` only exists for ``s_q > 1``: one kernel for s_q = 1)."""
+    which normalises: ``causal`` only exists for ``s_q > 1`` (one kernel for s_q = 1), and the
+    multicast switch becomes the cluster size it gives this configuration
+    (``pipelines.paged_kv.cluster_size``), so a configuration without a cluster is one entry
+    whatever the switch."""
     variant: str
     dtype: str
     num_heads_q: int
@@ -80,12 +83,18 @@ class DecodeConfig:
     page_size: int
     causal: bool
     num_heads_k: int = 1
+    cluster: int = 1
 
     @classmethod
     def make(cls, variant: str, dtype, num_heads_q: int, seqlen_q: int, page_size: int, causal: bool,
-             num_heads_k: int = 1) -> "DecodeConfig":
+             num_heads_k: int = 1, multicast: bool = True) -> "DecodeConfig":
+        from pipelines import paged_kv
+
+        # m-blocks per kv head: a CTA's rows are the heads_per_kv * s_q rows of one kv head.
+        m_blocks = -(-(int(num_heads_q) // int(num_heads_k)) * int(seqlen_q) // 64)
         return cls(variant, dtype_name(dtype), int(num_heads_q), int(seqlen_q), int(page_size),
-                   bool(causal) and seqlen_q > 1, int(num_heads_k))
+                   bool(causal) and seqlen_q > 1, int(num_heads_k),
+                   paged_kv.cluster_size(int(page_size), m_blocks, bool(multicast)))
 
     @property
     def rows(self) -> int:
@@ -97,8 +106,9 @@ class DecodeConfig:
 
     def label(self) -> str:
         causal = " causal" if self.causal else ""
+        cluster = f" cluster={self.cluster}" if self.cluster > 1 else ""
         return (f"{self.variant} {self.dtype} h_q={self.num_heads_q} s_q={self.seqlen_q} h_kv={self.num_heads_k} "
-                f"page={self.page_size}{causal}")
+                f"page={self.page_size}{causal}{cluster}")
 
 
 # ----------------------------------------------------------------------------- fake arguments
@@ -166,7 +176,8 @@ class DecodeEntry:
         c = config
         cdt = _cute_dtype(c.dtype)
         self.rows = c.rows
-        self.decode = _kernel_class(c.variant)(cdt, c.num_heads_q, c.seqlen_q, c.page_size, c.causal, c.num_heads_k)
+        self.decode = _kernel_class(c.variant)(cdt, c.num_heads_q, c.seqlen_q, c.page_size, c.causal, c.num_heads_k,
+                                               multicast=c.cluster > 1)
         self.merge = SplitMerge(cdt, c.num_heads_q, c.seqlen_q)
 
     @cute.jit
@@ -280,11 +291,12 @@ def decode_launcher(config: DecodeConfig):
 # ------------------------------------------------------- standalone kernels (compile_check)
 
 def compile_decode(variant: str, dtype: str, num_heads: int, seqlen_q: int, page_size: int, causal: bool,
-                   num_heads_k: int = 1, options: str | None = None):
-    """The decode kernel alone (no TVM-FFI, no cache), for ``python -m mla.compile_check``'s SASS."""
-    c = DecodeConfig.make(variant, dtype, num_heads, seqlen_q, page_size, causal, num_heads_k)
+                   num_heads_k: int = 1, multicast: bool = True, options: str | None = None):
+    """The decode kernel alone (no TVM-FFI, no cache), for SASS checks."""
+    c = DecodeConfig.make(variant, dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, multicast)
     cdt = _cute_dtype(c.dtype)
-    kernel = _kernel_class(variant)(cdt, num_heads, seqlen_q, page_size, c.causal, num_heads_k)
+    kernel = _kernel_class(variant)(cdt, num_heads, seqlen_q, page_size, c.causal, num_heads_k,
+                                    multicast=c.cluster > 1)
     i32, f32 = cutlass.Int32, cutlass.Float32
     args = (_fake(cdt, 4, 8), _fake(cdt, 4, 8), _fake(i32, 2), _fake(i32, 1), _fake(i32, 2), _fake(i32, 1),
             _fake(cdt, 4, 8), _fake(f32, 3), _fake(f32, 3, 8), _fake(f32, 2), f32(1.0),

@@ -2,9 +2,11 @@
 
 What every variant shares lives here: static configuration, the shared-memory plan (Q resident for
 the whole CTA, staged 64-token K tiles whose first 512 columns double as V, a P tile and per-row
-exchange slots), the TMA descriptors (Q by (row block, request), K by page id from block_table),
-the walk over the split plan (one CTA = one m-block x one part of the plan), and the epilogue that
-writes either the final output or a split partial.
+exchange slots), the Q TMA descriptor (by row block and request), the paged-KV loader for the page
+size (``pipelines.paged_kv``: TMA boxes for pages >= 16, cp.async row gather below, a multicast
+cluster of the m-block CTAs where ``paged_kv.cluster_size`` says so), the walk over the split plan
+(one CTA = one m-block x one part of the plan), and the epilogue that writes either the final
+output or a split partial.
 
 A variant subclass supplies the warpgroup roles (``warpgroup_roles``) and its thread count; the
 skeleton dispatches to them once per request chunk. See docs/interfaces.md for the plan layout.
@@ -20,7 +22,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync
 
-from pipelines import layouts
+from pipelines import layouts, paged_kv
 
 HEAD_DIM = 576  # 512 latent ("nope") dims + 64 RoPE dims
 HEAD_DIM_V = 512
@@ -34,7 +36,8 @@ class MLADecodeBase:
     num_threads = 256
     kv_stages = 2
 
-    def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1):
+    def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
+                 multicast: bool = True):
         if num_heads_k < 1 or num_heads % num_heads_k:
             raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_heads_k ({num_heads_k})")
         self.dtype = dtype
@@ -48,8 +51,10 @@ class MLADecodeBase:
         self.num_m_blocks = (self.rows + BLOCK_M - 1) // BLOCK_M
         self.page_size = page_size
         self.causal = causal and seqlen_q > 1  # causal only changes anything for s_q > 1
-        if page_size % BLOCK_N != 0:
-            raise ValueError(f"page_size {page_size} is not handled by the TMA page path (needs a multiple of {BLOCK_N})")
+        paged_kv.check_page_size(page_size)
+        # CTAs per cluster along grid x (m-blocks of one plan part share every K tile): 1 or 2.
+        self.cluster = paged_kv.cluster_size(page_size, self.num_m_blocks, multicast)
+        self.loader = paged_kv.make_loader(dtype, page_size, HEAD_DIM, self.kv_stages, self.cluster)
 
     # ------------------------------------------------------------------ host
     @cute.jit
@@ -93,11 +98,9 @@ class MLADecodeBase:
 
         tma_q, mQ_tma = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mQ, self.sQ_layout, (BLOCK_M, HEAD_DIM))
-        tma_k, mK_tma = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), mK, cute.select(self.sK_layout, mode=[0, 1]),
-            (BLOCK_N, HEAD_DIM))
+        # TMA loader: (atom, TMA view of K); cp.async gather loader: (None, mK).
+        tma_k, mK_load = self.loader.make_tma(mK, self.sK_layout)
         self.q_bytes = cute.size_in_bytes(dtype, self.sQ_layout)
-        self.k_bytes = cute.size_in_bytes(dtype, cute.select(self.sK_layout, mode=[0, 1]))
 
         sQ_layout, sK_layout, sP_layout = self.sQ_layout, self.sK_layout, self.sP_layout
 
@@ -113,10 +116,12 @@ class MLADecodeBase:
 
         self.shared_storage = SharedStorage
         scale_log2 = softmax_scale * Float32(math.log2(math.e))
-        self.kernel(tma_q, mQ_tma, tma_k, mK_tma, mBlockTable, mSeqlens, mMeta, mNumSplits, mO, mLSE,
+        self.kernel(tma_q, mQ_tma, tma_k, mK_load, mBlockTable, mSeqlens, mMeta, mNumSplits, mO, mLSE,
                     mOaccum, mLSEaccum, scale_log2, sQ_layout, sK_layout, sP_layout).launch(
             grid=[self.num_m_blocks, mMeta.shape[0], self.h_kv],
             block=[self.num_threads, 1, 1],
+            # The m-block CTAs of one plan part (same chunks, same K tiles) form a cluster along x.
+            cluster=[self.cluster, 1, 1] if const_expr(self.cluster > 1) else None,
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,
@@ -151,7 +156,8 @@ class MLADecodeBase:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_q)
-            cpasync.prefetch_descriptor(tma_k)
+            if const_expr(tma_k is not None):
+                cpasync.prefetch_descriptor(tma_k)
 
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
@@ -161,9 +167,14 @@ class MLADecodeBase:
         sP = storage.sP.get_tensor(sP_layout.outer, swizzle=sP_layout.inner)
 
         pipe_q, pipe_k = self.make_pipelines(storage)
-        # Barrier inits must be visible to every thread before anyone waits on them.
+        # Barrier inits must be visible to every thread before anyone waits on them, and in a cluster
+        # to the peer CTAs too before their multicast boxes or remote releases reach this CTA.
         cute.arch.mbarrier_init_fence()
-        cute.arch.sync_threads()
+        if const_expr(self.cluster > 1):
+            cute.arch.cluster_arrive_relaxed()
+            cute.arch.cluster_wait()
+        else:
+            cute.arch.sync_threads()
 
         meta = mMeta[part, None]
         begin_req = meta[0]
@@ -174,21 +185,24 @@ class MLADecodeBase:
         self.warpgroup_roles(tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                              tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
                              mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2)
+        if const_expr(self.cluster > 1):
+            # No CTA leaves while a peer may still arrive on its empty barriers (the peers' last
+            # releases) : every thread of both CTAs is past its last pipeline operation here.
+            # (Multicast boxes into this CTA all landed: its consumers waited for every tile.)
+            cute.arch.cluster_arrive()
+            cute.arch.cluster_wait()
 
     def make_pipelines(self, storage):
-        """Q: one stage, producer = one thread, consumers = the QK warpgroup's warps.
-        K: ``kv_stages`` stages, consumers = every math warp (each releases a tile after its P.V)."""
+        """Q: one stage, producer = one thread, consumers = the QK warpgroup's warps (local to the CTA).
+        K: ``kv_stages`` stages built by the loader; consumers = every math warp (each releases a tile
+        after its P.V, to every CTA of the cluster when the loader multicasts)."""
         thread = pipeline.Agent.Thread
         pipe_q = pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_q.data_ptr(), num_stages=1,
             producer_group=pipeline.CooperativeGroup(thread, 1),
             consumer_group=pipeline.CooperativeGroup(thread, self.q_consumer_warps),
             tx_count=self.q_bytes, defer_sync=True)
-        pipe_k = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_k.data_ptr(), num_stages=self.kv_stages,
-            producer_group=pipeline.CooperativeGroup(thread, 1),
-            consumer_group=pipeline.CooperativeGroup(thread, self.k_consumer_warps),
-            tx_count=self.k_bytes, defer_sync=True)
+        pipe_k = self.loader.make_pipeline(storage.mbar_k.data_ptr(), self.k_consumer_warps)
         return pipe_q, pipe_k
 
     # ------------------------------------------------------- chunk helpers
@@ -217,17 +231,6 @@ class MLADecodeBase:
                                            cute.group_modes(gQ, 0, 2))
         pipe_q.producer_acquire(q_state)
         cute.copy(tma_q, tQgQ, tQsQ, tma_bar_ptr=pipe_q.producer_get_barrier(q_state))
-
-    @cute.jit
-    def tma_load_k(self, tma_k, mK, sK, pipe_k, k_state, page: Int32, kv_head: Int32):
-        # One TMA (of 9 64x64 boxes) per 64-token page: the page id is the outermost coordinate,
-        # the kv head selects its 576-wide slice of every token.
-        gK = cute.local_tile(mK, (BLOCK_N, HEAD_DIM), (0, 0, None, None))
-        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sK, 0, 2),
-                                           cute.group_modes(gK, 0, 2))
-        pipe_k.producer_acquire(k_state)
-        cute.copy(tma_k, tKgK[None, kv_head, page], tKsK[None, k_state.index],
-                  tma_bar_ptr=pipe_k.producer_get_barrier(k_state))
 
     @cute.jit
     def zero_v_rows(self, sK: cute.Tensor, stage: Int32, first_row: Int32, col0: cutlass.Constexpr[int],

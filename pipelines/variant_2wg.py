@@ -114,7 +114,7 @@ class MLADecode2WG(MLADecodeBase):
 
             pipe_q.consumer_wait(q_state)
             for blk in cutlass.range(start, stop, unroll=1):
-                pipe_k.consumer_wait(k_state)
+                self.loader.consumer_wait(pipe_k, k_state)
                 acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
                 warpgroup.fence()
                 for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
@@ -154,7 +154,7 @@ class MLADecode2WG(MLADecodeBase):
                     cute.gemm(mma_pv_rs, acc_o, tOrP[None, None, k], tOrV[None, None, k, k_state.index], acc_o)
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
-                pipe_k.consumer_release(k_state)
+                self.loader.consumer_release(pipe_k, k_state)
                 k_state.advance()
             pipe_q.consumer_release(q_state)
             q_state.advance()
@@ -188,9 +188,15 @@ class MLADecode2WG(MLADecodeBase):
         cO = cute.make_identity_tensor((BLOCK_M, HALF))
         tOcO = layouts.acc_mn_view(thr_pv.partition_C(cO))
         n_rows_thr = cute.size(tOcO, mode=[0])
-        # The whole first warp of WG1 runs the producer code: the DSL's TMA issue and expect-tx
-        # arrive elect one lane with a full-warp elect.sync, which deadlocks under a one-lane branch.
-        is_producer = cute.arch.make_warp_uniform(wg_tidx // 32) == 0
+        # Producers: the first warp of WG1 issues Q (TMA); the loader's first ``producer_warps`` warps
+        # of WG1 issue the K tiles (TMA: the first warp; cp.async gather: all four, because a 72 KB
+        # tile is 4608 16-byte copies, 36 per thread over 128 threads, 144 for one warp). WG1 issues
+        # because it has the slack: WG0 also does QK and the softmax on the critical path. Whole warps
+        # run the producer code: the DSL's TMA issue and expect-tx arrive elect one lane with a
+        # full-warp elect.sync, which deadlocks under a one-lane branch.
+        wg_warp = cute.arch.make_warp_uniform(wg_tidx // 32)
+        is_q_producer = wg_warp == 0
+        is_k_producer = wg_warp < self.loader.producer_warps
         q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         k_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
 
@@ -199,11 +205,13 @@ class MLADecode2WG(MLADecodeBase):
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-            if is_producer:
+            if is_q_producer:
                 self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
                 q_prod.advance()
+            if is_k_producer:
                 for blk in cutlass.range(start, cutlass.min(start + self.kv_stages, stop), unroll=1):
-                    self.tma_load_k(tma_k, mK, sK, pipe_k, k_prod, mBlockTable[r, blk], kv_head)
+                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head,
+                                          wg_tidx)
                     k_prod.advance()
             acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((BLOCK_M, HALF)), Float32)
             acc_o.fill(0.0)
@@ -214,7 +222,7 @@ class MLADecode2WG(MLADecodeBase):
                 for i in cutlass.range_constexpr(n_rows_thr):
                     row_scale[i] = s_row_scale[tOcO[i, 0][0]]
                 softmax.rescale_rows(acc_o_mn, row_scale)
-                pipe_k.consumer_wait(k_state)
+                self.loader.consumer_wait(pipe_k, k_state)
                 valid = seqlen - blk * BLOCK_N
                 if valid < BLOCK_N:
                     self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
@@ -225,11 +233,12 @@ class MLADecode2WG(MLADecodeBase):
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
                 cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-                pipe_k.consumer_release(k_state)
+                self.loader.consumer_release(pipe_k, k_state)
                 k_state.advance()
-                if is_producer:
+                if is_k_producer:
                     if blk + self.kv_stages < stop:
-                        self.tma_load_k(tma_k, mK, sK, pipe_k, k_prod, mBlockTable[r, blk + self.kv_stages], kv_head)
+                        self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk + self.kv_stages,
+                                              seqlen, kv_head, wg_tidx)
                         k_prod.advance()
             cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
             row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)

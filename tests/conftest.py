@@ -19,10 +19,13 @@ import torch
 
 import pipelines
 from mla import api, validate
+from pipelines import paged_kv
 from mla.reference import split_decode_reference
 from mla.testing import hopper_skip_reason
 
-FAKE_PAGE_SIZES = {"2wg": (64,), "3wg": (1, 16, 64)}
+# 2wg: the loaders' page sizes (what the real registry says); 3wg: a narrower fake set, to test that
+# the page size is checked per pipeline.
+FAKE_PAGE_SIZES = {"2wg": paged_kv.PAGE_SIZES, "3wg": (64,)}
 
 
 def pytest_collection_modifyitems(config, items):

@@ -312,11 +312,14 @@ class TestKernelPathErrors:
                                           splits, **kwargs)
 
     def test_unsupported_page_size(self, fake_kernel):
-        with pytest.raises(ValueError, match=r"page_size \(k_cache.shape\[1\]\) is 16; pipeline '2wg' supports "
+        with pytest.raises(ValueError, match=r"page_size \(k_cache.shape\[1\]\) is 16; pipeline '3wg' supports "
                                              r"page sizes \(64,\)"):
-            self.call(problem(page_size=16))
-        self.call(problem(page_size=16), pipeline="3wg")  # 3wg's (fake) load path takes 16
-        assert not any(c["variant"] == "2wg" for c in fake_kernel.calls)
+            self.call(problem(page_size=16), pipeline="3wg")
+        with pytest.raises(ValueError, match=r"page_size \(k_cache.shape\[1\]\) is 3; pipeline '2wg' supports "
+                                             r"page sizes \(1, 2, 4, 8, 16, 32, 64, 128\)"):
+            self.call(problem(page_size=3))
+        self.call(problem(page_size=16))  # 2wg's loaders take 16
+        assert not any(c["variant"] == "3wg" for c in fake_kernel.calls)
 
     @pytest.mark.parametrize("h_kv, h_q, s_q", [(2, 16, 1), (3, 9, 2), (8, 64, 4)])
     def test_multiple_kv_heads_reach_the_kernel(self, fake_kernel, h_kv, h_q, s_q):
@@ -471,7 +474,7 @@ class TestMLADecoder:
         (dict(num_heads_q=256), ValueError, "h_q / h_kv must be at most 128"),
         (dict(num_heads_q=3, num_heads_k=2), ValueError, "multiple of"),
         (dict(page_size=0), ValueError, "page_size must be a positive int"),
-        (dict(page_size=16), ValueError, "pipeline '2wg' supports page sizes"),
+        (dict(page_size=256), ValueError, "pipeline '2wg' supports page sizes"),
         (dict(dtype=torch.float32), TypeError, "q must be bfloat16 or float16"),
         (dict(dtype="bf16"), TypeError, "dtype must be a torch.dtype"),
         (dict(head_dim_v=128), ValueError, "head_dim_v must be 512"),

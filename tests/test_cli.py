@@ -35,9 +35,9 @@ def test_cpu_check_fails_when_the_merge_is_wrong(monkeypatch, capsys):
 def test_main_exit_code_follows_the_cpu_check(monkeypatch):
     monkeypatch.setattr(cli, "hopper_skip_reason", lambda: "no CUDA device")
     monkeypatch.setattr(cli, "cpu_check", lambda: False)
-    assert cli.main() == 1
+    assert cli.main([]) == 1
     monkeypatch.setattr(cli, "cpu_check", lambda: True)
-    assert cli.main() == 0
+    assert cli.main([]) == 0
 
 
 def test_main_on_hopper_without_kernel_says_so(monkeypatch, capsys):
@@ -45,7 +45,7 @@ def test_main_on_hopper_without_kernel_says_so(monkeypatch, capsys):
     monkeypatch.setattr(cli.pipelines, "available_variants", lambda: [])
     monkeypatch.setattr(cli, "report_environment", lambda: None)
     monkeypatch.setattr(cli, "cpu_check", lambda: True)
-    assert cli.main() == 0
+    assert cli.main([]) == 0
     assert "no pipeline has a kernel yet" in capsys.readouterr().out
 
 
@@ -53,8 +53,53 @@ def test_main_on_hopper_with_kernel_runs_the_gpu_check(monkeypatch):
     monkeypatch.setattr(cli, "hopper_skip_reason", lambda: None)
     monkeypatch.setattr(cli.pipelines, "available_variants", lambda: ["2wg"])
     monkeypatch.setattr(cli, "report_environment", lambda: None)
-    monkeypatch.setattr(cli, "gpu_check", lambda: False)
-    assert cli.main() == 1
+    checked = []
+    monkeypatch.setattr(cli, "gpu_check", lambda page_sizes: checked.append(page_sizes) or False)
+    assert cli.main([]) == 1
+    monkeypatch.setattr(cli, "gpu_check", lambda page_sizes: checked.append(page_sizes) or True)
+    assert cli.main(["--page-size", "1", "--page-size", "64"]) == 0
+    assert checked == [cli.GPU_CHECK_PAGE_SIZES, (1, 64)]
+
+
+def test_main_refuses_an_unsupported_page_size(capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--page-size", "3"])
+    assert exc.value.code == 2 and "invalid choice: 3" in capsys.readouterr().err
+
+
+def test_gpu_check_pages_and_cases_on_a_fake_gpu(fake_kernel, monkeypatch, capsys):
+    """gpu_check's loop (page sizes x cases, names, verdicts) with the kernel replaced by the
+    contract's model and CPU tensors; a wrong result must fail it."""
+    import mla.testing
+
+    real = mla.testing.make_decode_problem
+    monkeypatch.setattr(cli, "make_decode_problem", lambda *a, device, **k: real(*a, device="cpu", **k))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(cli.pipelines, "available_variants", lambda: ["2wg"])
+    plan = cli.api.get_mla_metadata
+    monkeypatch.setattr(cli.api, "get_mla_metadata", lambda *a: plan(*a, num_sms=132))
+    assert cli.gpu_check((1, 64)) is True
+    out = capsys.readouterr().out
+    assert out.count("PASS") == 2 * len(cli.GPU_CHECK_CASES) and "FAIL" not in out
+    assert "2wg (page 1 cp.async, s_q 1, h_q 128" in out and "2wg (page 64 TMA, cluster 2, s_q 1, h_q 128" in out
+    monkeypatch.setenv("MLA_MULTICAST", "0")
+    cli.gpu_check((64,))
+    assert "cluster" not in capsys.readouterr().out
+    monkeypatch.delenv("MLA_MULTICAST")
+    real_launcher = cli.pipelines.decode_launcher
+
+    def wrong_launcher(*config):
+        launch = real_launcher(*config)
+
+        def wrong(*args):
+            launch(*args)
+            args[6].add_(0.1)  # out: far outside the tolerances
+        return wrong
+
+    monkeypatch.setattr(cli.pipelines, "decode_launcher", wrong_launcher)
+    cli.api.clear_caches()  # launches already looked up for these signatures would skip the wrong one
+    assert cli.gpu_check((16,)) is False
+    assert cli.gpu_check((3,)) is False  # no page size to check is a failure, not a pass
 
 
 def test_hopper_skip_reason(monkeypatch):

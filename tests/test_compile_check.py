@@ -22,7 +22,30 @@ def test_2wg_compiles_with_its_promises(capsys):
     out = capsys.readouterr().out
     assert rc == 0, out
     rows = [line for line in out.splitlines() if line.startswith("2wg")]
-    assert len(rows) == 2 and all(line.endswith("ok") for line in rows), out
+    assert len(rows) == len(compile_check.DECODE_CONFIGS) and all(line.endswith("ok") for line in rows), out
     assert "merge" in out
     planner_rows = [line for line in out.splitlines() if line.startswith("planner")]
     assert len(planner_rows) == 1 and planner_rows[0].endswith("ok"), out
+
+    def count(row, key):  # a row: name (with spaces), compile s, the COUNTED counts, "ok"
+        return dict(zip(compile_check.COUNTED, map(int, row.split()[-1 - len(compile_check.COUNTED):-1])))[key]
+
+    multicast_rows = [r for r in rows if " h128 " in r and " mc-off" not in r]
+    assert multicast_rows and all(count(r, "UTMALDG_MULTICAST") > 0 for r in multicast_rows), out
+    gather_rows = [r for r in rows if " p1 " in r]
+    assert gather_rows and all(count(r, "LDGSTS") > 0 for r in gather_rows), out
+
+
+def test_loader_promises():
+    # What a configuration must show follows from its page size and cluster.
+    assert compile_check.loader_promises(64, 128, 1, True) == (("UTMALDG", "UTMALDG_MULTICAST"), ("LDGSTS",))
+    assert compile_check.loader_promises(64, 128, 1, False) == (("UTMALDG",), ("LDGSTS", "UTMALDG_MULTICAST"))
+    assert compile_check.loader_promises(16, 64, 1, True) == (("UTMALDG",), ("LDGSTS", "UTMALDG_MULTICAST"))
+    assert compile_check.loader_promises(128, 64, 4, True) == (("UTMALDG", "UTMALDG_MULTICAST"), ("LDGSTS",))
+    assert compile_check.loader_promises(64, 64, 3, True) == (("UTMALDG",), ("LDGSTS", "UTMALDG_MULTICAST"))
+    assert compile_check.loader_promises(1, 128, 1, True) == (("LDGSTS",), ("UTMALDG_MULTICAST",))
+    assert compile_check.loader_promises(8, 16, 1, True) == (("LDGSTS",), ("UTMALDG_MULTICAST",))
+    names = [t.name for t in compile_check.targets(["2wg"])]
+    assert any(" p1" in n for n in names) and any("mc-off" in n for n in names)
+    (gather,) = [t for t in compile_check.targets(["2wg"]) if t.page_size == 1]
+    assert "LDGSTS" in gather.need and "UTMALDG" in gather.need and "UTMALDG_MULTICAST" in gather.forbid

@@ -271,11 +271,17 @@ def test_decode_config_key_normalises_and_distinguishes():
 
     base = DecodeConfig.make("2wg", "torch.bfloat16", 16, 1, 64, True)
     assert base == DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False)  # causal means nothing for s_q = 1
-    assert base.key() == ("decode", "2wg", "bfloat16", 16, 1, 64, False, 1)
+    assert base == DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, multicast=False)  # no cluster anyway
+    assert base.key() == ("decode", "2wg", "bfloat16", 16, 1, 64, False, 1, 1)
+    # 128 rows at a TMA page size: two m-blocks, a 2-CTA cluster unless multicast is off.
+    assert DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False).cluster == 2
+    assert DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False, multicast=False).cluster == 1
     others = [DecodeConfig.make("2wg", "float16", 16, 1, 64, False), DecodeConfig.make("2wg", "bfloat16", 32, 1, 64, False),
               DecodeConfig.make("2wg", "bfloat16", 16, 2, 64, False), DecodeConfig.make("2wg", "bfloat16", 16, 2, 64, True),
               DecodeConfig.make("2wg", "bfloat16", 16, 1, 16, False), DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, 2),
-              DecodeConfig.make("3wg", "bfloat16", 16, 1, 64, False)]
+              DecodeConfig.make("3wg", "bfloat16", 16, 1, 64, False),
+              DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False), DecodeConfig.make("2wg", "bfloat16", 128, 1, 64,
+                                                                                        False, multicast=False)]
     keys = {base.key()} | {c.key() for c in others}
     assert len(keys) == 1 + len(others)
 

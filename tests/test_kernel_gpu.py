@@ -21,11 +21,11 @@ def varlen(b: int, mean: int, seed: int, zeros: int = 1):
     return lens
 
 
-def make_paged_case(seqlens, s_q, h_q, *, h_kv=1, dtype=torch.bfloat16, seed=0):
+def make_paged_case(seqlens, s_q, h_q, *, h_kv=1, page_size=64, dtype=torch.bfloat16, seed=0):
     """A poisoned paged problem with the anchors' value distribution: randn / 10 clamped to [-1, 1]
     (FlashMLA's tests draw the same; the NaN poison survives the clamp)."""
-    p = make_decode_problem(seqlens, s_q=s_q, h_q=h_q, h_kv=h_kv, dtype=dtype, device="cuda", seed=seed,
-                            value_scale=0.1)
+    p = make_decode_problem(seqlens, s_q=s_q, h_q=h_q, h_kv=h_kv, page_size=page_size, dtype=dtype, device="cuda",
+                            seed=seed, value_scale=0.1)
     return p.q, p.k_cache, p.block_table, p.cache_seqlens
 
 pytestmark = pytest.mark.gpu
@@ -113,17 +113,89 @@ def test_several_kv_heads_match_reference(variant, case):
     assert cmp.ok, cmp.message
 
 
+# Page sizes: every case below at every page size of the issue's list, each loader path and box shape
+# (1: cp.async row gather; 16, 32: several pages per TMA tile; 64: one; 128: half a page), and the
+# smaller gather pages (2, 4, 8: several tokens per page) on the first cases.
+# (seqlens, s_q, h_q, causal, dtype)
+PAGE_CASES = [
+    ([20, 140, 4096, 0, 1, 63, 65, 17], 1, 16, False, torch.bfloat16),  # varlen, zero length, every tail
+    ([140, 33, 2], 2, 3, True, torch.float16),  # odd h_q, causal MTP, seqlen < s_q
+    ([20, 140, 4096, 3], 4, 16, True, torch.bfloat16),  # causal s_q 4
+    (varlen(32, 1024, seed=6, zeros=2), 1, 128, False, torch.bfloat16),  # 2 m-blocks: a multicast cluster
+    ([141, 20, 7], 4, 128, True, torch.bfloat16),  # 8 m-blocks: 4 clusters per plan part
+    ([700, 90], 3, 64, True, torch.bfloat16),  # 3 m-blocks: odd, no cluster
+    ([16384], 2, 64, True, torch.float16),  # split across the SMs + merge, in clusters
+]
+PAGE_SIZES = [1, 16, 32, 64, 128]
+SMALL_GATHER_PAGES = [2, 4, 8]
+
+
+def _page_params():
+    params = [(p, c) for p in PAGE_SIZES for c in PAGE_CASES]
+    params += [(p, c) for p in SMALL_GATHER_PAGES for c in PAGE_CASES[:3]]
+    return [pytest.param(p, c, id=f"p{p}-b{len(c[0])}-sq{c[1]}-h{c[2]}-{'causal' if c[3] else 'full'}-"
+                                  f"{str(c[4])[6:]}-max{max(c[0])}") for p, c in params]
+
+
+def _check_decode(variant, seqlens, s_q, h_q, causal, dtype, page_size, h_kv=1, seed=0):
+    import mla
+    from mla.reference import compare_to_reference, mla_decode_reference
+
+    q, k_cache, block_table, cache_seqlens = make_paged_case(seqlens, s_q, h_q, h_kv=h_kv, page_size=page_size,
+                                                             dtype=dtype, seed=seed)
+    if any(n % page_size for n in seqlens):
+        assert torch.isnan(k_cache).any()  # the poison is there (page 1 has no slot past an end)
+    meta, num_splits = mla.get_mla_metadata(cache_seqlens, s_q * h_q // h_kv, h_kv)
+    out = torch.full((len(seqlens), s_q, h_q, 512), float("nan"), dtype=dtype, device="cuda")
+    out, lse = mla.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, meta, num_splits,
+                                          causal=causal, pipeline=variant, out=out)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, cache_seqlens, causal=causal)
+    cmp = compare_to_reference(out, lse, ref_out, ref_lse)
+    assert cmp.ok, cmp.message
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_decoder_graph_replay(variant):
-    """Plan once, capture run() in a CUDA graph, replay on new q values: same as the reference."""
+@pytest.mark.parametrize("page_size, case", _page_params())
+def test_page_sizes_match_reference(variant, page_size, case):
+    from pipelines import paged_kv
+
+    assert page_size in paged_kv.PAGE_SIZES
+    seqlens, s_q, h_q, causal, dtype = case
+    _check_decode(variant, seqlens, s_q, h_q, causal, dtype, page_size, seed=page_size + s_q * h_q)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("page_size", [1, 32])
+def test_page_sizes_with_several_kv_heads(variant, page_size):
+    # The loaders' kv-head coordinate: TMA box and gathered row of kv head 1 and 2.
+    _check_decode(variant, [140, 4096, 33, 0], 2, 24, True, torch.bfloat16, page_size, h_kv=3, seed=9)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("page_size", [16, 64, 128])
+def test_multicast_off_matches_reference(variant, page_size, monkeypatch):
+    """MLA_MULTICAST=0 (the A/B switch and fallback): the same 2-m-block problems without a cluster."""
+    from pipelines import paged_kv
+
+    monkeypatch.setenv(paged_kv.MULTICAST_ENV_VAR, "0")
+    _check_decode(variant, varlen(32, 1024, seed=6, zeros=2), 1, 128, False, torch.bfloat16, page_size, seed=3)
+    _check_decode(variant, [141, 20, 7], 4, 128, True, torch.bfloat16, page_size, seed=4)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("page_size", [1, 64])
+def test_decoder_graph_replay(variant, page_size):
+    """Plan once, capture run() in a CUDA graph, replay on new q values: same as the reference
+    (h_q 128: a multicast cluster at page 64; the cp.async gather at page 1)."""
     import mla
     from mla.reference import compare_to_reference, mla_decode_reference
 
     seqlens = varlen(8, 2000, seed=5, zeros=1)
-    q, k_cache, block_table, cache_seqlens = make_paged_case(seqlens, 1, 128, seed=11)
-    assert torch.isnan(k_cache).any()  # the poison is there
+    q, k_cache, block_table, cache_seqlens = make_paged_case(seqlens, 1, 128, page_size=page_size, seed=11)
+    assert page_size == 1 or torch.isnan(k_cache).any()  # the poison is there (page 1 has no slot past an end)
     dec = mla.MLADecoder(pipeline=variant)
-    dec.plan(cache_seqlens, num_heads_q=128, seq_len_q=1, num_heads_k=1, page_size=64, dtype=q.dtype)
+    dec.plan(cache_seqlens, num_heads_q=128, seq_len_q=1, num_heads_k=1, page_size=page_size, dtype=q.dtype)
     out = torch.empty(len(seqlens), 1, 128, 512, dtype=q.dtype, device="cuda")
     dec.run(q, k_cache, block_table, cache_seqlens, out=out)  # warm-up (compiles)
     torch.cuda.synchronize()

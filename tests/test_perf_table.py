@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import io
 import json
 import pathlib
@@ -124,6 +125,43 @@ def test_plan_follows_each_variants_page_sizes():
     assert [(v, c.page_size) for v, c in quick] == [("3wg", 16)] * 4
 
 
+def test_plan_times_multicast_configs_twice():
+    import pipelines
+
+    pages = {"2wg": (1, 16, 64)}
+    plan = runner.build_plan(["2wg"], pages.__getitem__, quick=False, multicast_cluster=pipelines.multicast_cluster)
+    cluster = [c for _, c in plan if c.multicast is not None]
+    # h_q * s_q of 128 and 256 (h128 s1, h64 s2, h128 s2) at pages 64 and 16: 3 x 5 x 3 + 4 varlen, twice each.
+    assert len(cluster) == 2 * 2 * (3 * 5 * 3 + 4) and len(plan) == 3 * 124 + len(cluster) // 2
+    assert all(c.page_size in (16, 64) and c.h_q * c.s_q > 64 for c in cluster)
+    on = [c for c in cluster if c.multicast]
+    assert [dataclasses.replace(c, multicast=False) for c in on] == [c for c in cluster if c.multicast is False]
+    # the pair is adjacent in the plan, on first
+    i = [c for _, c in plan].index(on[0])
+    assert plan[i + 1][1] == dataclasses.replace(on[0], multicast=False)
+    assert Config(16, 8, 1, 128, 4096, multicast=False).label() == "p16 b8 s1 h128 L4096 mc-off"
+    assert all(c.multicast is None for _, c in plan if c.page_size == 1)  # the gather has no cluster
+    # without a cluster function nothing doubles (the plan of a variant without clusters)
+    assert len(runner.build_plan(["2wg"], pages.__getitem__, quick=False)) == 3 * 124
+
+
+def test_multicast_env_sets_and_restores(monkeypatch):
+    import os
+
+    monkeypatch.setenv("MLA_MULTICAST", "1")
+    with runner.multicast_env(False):
+        assert os.environ["MLA_MULTICAST"] == "0"
+    assert os.environ["MLA_MULTICAST"] == "1"
+    monkeypatch.delenv("MLA_MULTICAST")
+    with runner.multicast_env(True):
+        assert os.environ["MLA_MULTICAST"] == "1"
+    assert "MLA_MULTICAST" not in os.environ
+    with runner.multicast_env(None):
+        assert "MLA_MULTICAST" not in os.environ
+    import pipelines.paged_kv as paged_kv
+    assert runner.MULTICAST_ENV_VAR == paged_kv.MULTICAST_ENV_VAR
+
+
 def _fake_bench(variant, cfg):
     if cfg.h_q == 32:
         raise RuntimeError("kernel exploded\nsecond line")
@@ -233,6 +271,8 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, monkeypatch, tmp_path, capsy
 
     import pipelines
 
+    import os
+
     launched = []
 
     def decode_launcher(variant, dtype, num_heads_q, *config):
@@ -240,11 +280,14 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, monkeypatch, tmp_path, capsy
             raise RuntimeError("no kernel for h_q 32")
 
         def launch(q, *args):
-            launched.append((variant, tuple(q.shape)))
+            launched.append((variant, tuple(q.shape), os.environ.get("MLA_MULTICAST")))
         return launch
 
     monkeypatch.setattr(pipelines, "decode_launcher", decode_launcher)
-    monkeypatch.setattr(grid, "_QUICK_SMALL_PAGES", ((2, 1, 16, 100, False), (3, 2, 32, 70, False)))
+    monkeypatch.delenv("MLA_MULTICAST", raising=False)
+    # h_q 128 at page 16: two m-blocks, a multicast cluster: timed with MLA_MULTICAST=1 and =0.
+    monkeypatch.setattr(grid, "_QUICK_SMALL_PAGES", ((2, 1, 16, 100, False), (3, 2, 32, 70, False),
+                                                     (2, 1, 128, 100, False)))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(
@@ -258,25 +301,30 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, monkeypatch, tmp_path, capsy
         eager_calls.append((calls, warmup, rounds)), fn(), 7.0 + len(eager_calls))[2])
     monkeypatch.setattr(bench, "cuda_healthy", lambda: True)
 
-    rc = runner.main(quick=True, pipeline="3wg", page_sizes=[16], out=str(tmp_path), replays=100, commit="abc1234")
+    rc = runner.main(quick=True, pipeline="2wg", page_sizes=[16], out=str(tmp_path), replays=100, commit="abc1234")
     assert rc == 1  # one config failed
     (out,) = tmp_path.glob("nvidia-h200_20*-*-*_abc1234_quick.json")  # --out DIR: the usual name inside
-    # One graph capture's call and the two eager timings' calls (quick runs time eager calls).
-    assert launched == [("3wg", (2, 1, 16, 576))] * 3
-    assert eager_calls == [(300, 20, 3)] * 2
+    # Each config: one graph capture's call and the two eager timings' calls (quick runs time eager
+    # calls), all under the config's multicast switch.
+    assert launched == ([("2wg", (2, 1, 16, 576), None)] * 3 + [("2wg", (2, 1, 128, 576), "1")] * 3
+                        + [("2wg", (2, 1, 128, 576), "0")] * 3)
+    assert eager_calls == [(300, 20, 3)] * 6
+    assert "MLA_MULTICAST" not in os.environ  # restored
     record = json.loads(out.read_text())
     assert record["complete"] is True and record["mode"] == "quick"
     assert record["git"] == {"commit": "abc1234", "short": "abc1234", "dirty": None}
     assert record["device"] == {"name": "NVIDIA H200", "sm_count": 132, "compute_capability": "9.0",
                                 "memory_gib": 141.0}
     assert record["versions"]["cutlass_dsl"] and record["versions"]["torch"] == torch.__version__
-    ok, failed = record["rows"]
-    assert (ok["pipeline"], ok["page_size"], ok["b"], ok["us"], ok["replays"]) == ("3wg", 16, 2, 10.0, 100)
+    ok, failed, mc_on, mc_off = record["rows"]
+    assert (ok["pipeline"], ok["page_size"], ok["b"], ok["us"], ok["replays"]) == ("2wg", 16, 2, 10.0, 100)
     assert (ok["eager_run_us"], ok["eager_flash_us"]) == (8.0, 9.0)
     assert record["timing"]["eager_calls"] == 300 and "flash_mla_with_kvcache" in record["timing"]["eager"]
+    assert ok["multicast"] is None and (mc_on["multicast"], mc_off["multicast"]) == (True, False)
+    assert mc_on["h_q"] == mc_off["h_q"] == 128 and mc_on["error"] is None and mc_off["error"] is None
     assert failed["error"] == "RuntimeError: no kernel for h_q 32" and failed["causal"] is True
     printed = capsys.readouterr().out
-    assert "2 configs (quick)" in printed and "FAILED RuntimeError: no kernel for h_q 32" in printed
+    assert "4 configs (quick)" in printed and "p16 b2 s1 h128 L100 mc-off" in printed and "FAILED RuntimeError: no kernel for h_q 32" in printed
 
 
 def test_time_eager_is_wall_time_per_call_after_warmup():
@@ -413,6 +461,31 @@ def test_committed_table_is_current():
     """perf_table/README.md and table.csv are exactly what regenerate makes of perf_table/results/."""
     log = []
     assert regenerate.check(log=log.append) == 0, "\n".join(log)
+
+
+def test_regenerate_shows_multicast_pairs(fixture_results, tmp_path):
+    """A run with an A/B pair: both rows kept (multicast is part of the key), the off row labelled, the
+    pair side by side, and only the default kernel in the plot."""
+    run = json.loads((fixture_results / "perf_h200_quick.json").read_text())
+    (row,) = run["rows"]
+    on = dict(row, multicast=True, us=200.0)
+    off = dict(row, multicast=False, us=210.0)
+    run.update(file=None, rows=[on, off], date="2026-11-25T00:00:00Z", git={"commit": "4444444", "short": "4444444"})
+    (fixture_results / "perf_h200_zz_mc.json").write_text(json.dumps(run))
+    out = tmp_path / "out"
+    out.mkdir()
+    regenerate.regenerate(fixture_results, out_dir=out, log=lambda _: None, plots=False)
+    readme = (out / "README.md").read_text()
+    assert "| 128 | 1 | 128 | 4096 | 2wg | 200.0 |" in readme and "| 128 | 1 | 128 | 4096 | 2wg mc-off | 210.0 |" in readme
+    assert "| 64 | 128 | 1 | 128 | 4096 | 2wg | 200.0 | 210.0 | 1.050 | 4444444 |" in readme
+    # the older row without a multicast field (a kernel without clusters) is replaced by the newer pair
+    assert "| 128 | 1 | 128 | 4096 | 2wg | 220.0 |" not in readme
+    views = regenerate.device_views(regenerate.load_runs(fixture_results))
+    plotted = regenerate.plottable(views["NVIDIA H200"].latest)
+    assert all(r.get("multicast") is not False for r in plotted) and any(r.get("multicast") for r in plotted)
+    rows = list(csv.DictReader(io.StringIO((out / "table.csv").read_text())))
+    assert sorted(r["multicast"] for r in rows if r["run"] == "perf_h200_zz_mc.json") == ["0", "1"]
+    assert {r["multicast"] for r in rows if r["run"] != "perf_h200_zz_mc.json"} == {""}
 
 
 def test_duplicate_anchor_is_an_error(tmp_path):

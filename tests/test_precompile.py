@@ -19,28 +19,42 @@ def configs(argv):
     return [c.key()[1:] for c in found], skipped
 
 
-def test_every_combination_once_causal_only_where_it_exists():
-    found, skipped = configs(["--dtype", "bf16", "fp16", "bfloat16", "--heads-q", "128", "16", "--seqlen-q", "1", "2"])
+def test_every_combination_once_causal_only_where_it_exists(monkeypatch):
+    monkeypatch.delenv("MLA_MULTICAST", raising=False)
+    found, skipped = configs(["--dtype", "bf16", "fp16", "bfloat16", "--heads-q", "128", "16", "--seqlen-q", "1", "2",
+                              "--page-size", "64"])
     assert skipped == []
+    # (..., h_kv, cluster): 128 rows and more at a TMA page size run as 2-CTA multicast clusters.
     assert found == [
-        ("2wg", "bfloat16", 128, 1, 64, False, 1), ("2wg", "bfloat16", 128, 2, 64, False, 1),
-        ("2wg", "bfloat16", 128, 2, 64, True, 1), ("2wg", "bfloat16", 16, 1, 64, False, 1),
-        ("2wg", "bfloat16", 16, 2, 64, False, 1), ("2wg", "bfloat16", 16, 2, 64, True, 1),
-        ("2wg", "float16", 128, 1, 64, False, 1), ("2wg", "float16", 128, 2, 64, False, 1),
-        ("2wg", "float16", 128, 2, 64, True, 1), ("2wg", "float16", 16, 1, 64, False, 1),
-        ("2wg", "float16", 16, 2, 64, False, 1), ("2wg", "float16", 16, 2, 64, True, 1),
+        ("2wg", "bfloat16", 128, 1, 64, False, 1, 2), ("2wg", "bfloat16", 128, 2, 64, False, 1, 2),
+        ("2wg", "bfloat16", 128, 2, 64, True, 1, 2), ("2wg", "bfloat16", 16, 1, 64, False, 1, 1),
+        ("2wg", "bfloat16", 16, 2, 64, False, 1, 1), ("2wg", "bfloat16", 16, 2, 64, True, 1, 1),
+        ("2wg", "float16", 128, 1, 64, False, 1, 2), ("2wg", "float16", 128, 2, 64, False, 1, 2),
+        ("2wg", "float16", 128, 2, 64, True, 1, 2), ("2wg", "float16", 16, 1, 64, False, 1, 1),
+        ("2wg", "float16", 16, 2, 64, False, 1, 1), ("2wg", "float16", 16, 2, 64, True, 1, 1),
     ]
-    assert configs(["--seqlen-q", "2", "--causal", "yes"])[0] == [("2wg", "bfloat16", 128, 2, 64, True, 1)]
+    assert configs(["--seqlen-q", "2", "--causal", "yes", "--page-size", "64"])[0] == [
+        ("2wg", "bfloat16", 128, 2, 64, True, 1, 2)]
+    # Multicast: the environment's switch by default; both where a cluster exists, one entry elsewhere.
+    monkeypatch.setenv("MLA_MULTICAST", "0")
+    assert configs(["--page-size", "64"])[0] == [("2wg", "bfloat16", 128, 1, 64, False, 1, 1)]
+    assert configs(["--page-size", "64", "1", "--multicast", "both"])[0] == [
+        ("2wg", "bfloat16", 128, 1, 64, False, 1, 2), ("2wg", "bfloat16", 128, 1, 64, False, 1, 1),
+        ("2wg", "bfloat16", 128, 1, 1, False, 1, 1)]
+    # Default page sizes: every one the pipeline supports.
+    import pipelines
+    assert {c[4] for c in configs([])[0]} == set(pipelines.supported_page_sizes("2wg"))
 
 
 def test_invalid_combinations_are_reported_not_compiled():
     found, skipped = configs(["--heads-q", "256", "6", "--heads-k", "1", "4", "--seqlen-q", "1", "5",
-                              "--page-size", "64", "16"])
-    assert found == [("2wg", "bfloat16", 256, 1, 64, False, 4), ("2wg", "bfloat16", 6, 1, 64, False, 1)]
+                              "--page-size", "64"])
+    assert found == [("2wg", "bfloat16", 256, 1, 64, False, 4, 1), ("2wg", "bfloat16", 6, 1, 64, False, 1, 1)]
     assert "2wg bfloat16 h_q=256 h_kv=1 s_q=1 page=64: h_q / h_kv > 128" in skipped
     assert "2wg bfloat16 h_q=6 h_kv=4 s_q=1 page=64: h_q is not a multiple of h_kv" in skipped
     assert "2wg bfloat16 h_q=6 h_kv=1 s_q=5 page=64: s_q > 4" in skipped
-    assert any(line.endswith("page size not supported by 2wg (64,)") for line in skipped)
+    assert configs(["--page-size", "3"])[0] == [] and configs(["--page-size", "3"])[1][0].endswith(
+        "page=3: page size not supported by 2wg (1, 2, 4, 8, 16, 32, 64, 128)")
     with pytest.raises(ValueError, match="has no kernel yet"):
         configs(["--pipeline", "3wg"])
     with pytest.raises(ValueError, match="--pipeline must be among"):
@@ -56,7 +70,7 @@ def _run(args, cache_dir, **env):
 
 
 def test_precompile_stores_and_a_new_process_finds_it(tmp_path):
-    args = ["--heads-q", "16", "--jobs", "1"]
+    args = ["--heads-q", "16", "--page-size", "64", "--jobs", "1"]
     first = _run(args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 entries into" in first.stdout and "] 1/2 split planner kernel" in first.stdout
@@ -70,7 +84,7 @@ def test_precompile_stores_and_a_new_process_finds_it(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "already cached" in second.stdout and "0 compiled, 2 already cached" in second.stdout
     listing = _run(["--list"], tmp_path)
-    assert "2 entries" in listing.stdout and "('decode', '2wg', 'bfloat16', 16, 1, 64, False, 1)" in listing.stdout
+    assert "2 entries" in listing.stdout and "('decode', '2wg', 'bfloat16', 16, 1, 64, False, 1, 1)" in listing.stdout
     assert "('planner',)" in listing.stdout
     # A damaged entry is replaced, not loaded.
     obj.write_bytes(obj.read_bytes()[: obj.stat().st_size // 2])
@@ -87,7 +101,7 @@ def test_precompile_stores_and_a_new_process_finds_it(tmp_path):
 
 
 def test_precompile_refuses_when_the_disk_cache_is_off(tmp_path):
-    off = _run(["--heads-q", "16"], tmp_path, MLA_DISK_CACHE="0")
+    off = _run(["--heads-q", "16", "--page-size", "64"], tmp_path, MLA_DISK_CACHE="0")
     assert off.returncode == 2 and "disk cache is off" in off.stderr
-    bad = _run(["--heads-q", "16"], tmp_path, MLA_DISK_CACHE="maybe")
+    bad = _run(["--heads-q", "16", "--page-size", "64"], tmp_path, MLA_DISK_CACHE="maybe")
     assert bad.returncode == 2 and "MLA_DISK_CACHE must be one of" in bad.stderr

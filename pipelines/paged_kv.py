@@ -1,0 +1,301 @@
+"""Paged KV loaders: how one 64-token K tile (its first 512 columns are V) gets from the paged cache
+into a shared-memory stage, for every page size the library serves.
+
+This module is the one place that states the supported page sizes (``PAGE_SIZES``); the registry
+(``pipelines.supported_page_sizes``), the API's validation, ``mla.compile_check`` and the test
+fixtures all read it from here.
+
+Two loaders, picked at compile time from the page size; both fill the same smem stages and complete
+on the stage's "full" mbarrier that the consumers already wait on, so the math warpgroups do not know
+which one ran:
+
+- ``TmaPagedKV`` (page_size >= 16: 16, 32, 64, 128). A tile is ``64 / box_rows`` TMA boxes of
+  ``box_rows = min(page_size, 64 / cluster)`` tokens x 576 dims, each box's page id read from
+  block_table (a 128-token page gives a tile from one half of a page: a row offset inside the
+  page). All boxes complete on the stage's one mbarrier, whose expected transaction count is the
+  whole tile. With a cluster of 2 CTAs (the m-blocks of one request, see ``cluster_size``) each CTA
+  issues half of every tile's boxes and multicasts them to both CTAs.
+- ``GatherPagedKV`` (page_size < 16: 1, 2, 4, 8). No TMA box fits the 8-row swizzle atom of a page
+  this small, so each token row is gathered with 16-byte cp.async (LDGSTS): 8 threads per row, 9
+  chunks each, the row's address from block_table. 128 producer threads each commit their copies
+  to the stage barrier with ``cp.async.mbarrier.arrive.noinc`` (the barrier's arrival count is the
+  128 producers), so the stage completes when every copy has landed.
+
+Rows past a request's end: neither loader reads outside the request's own pages (the TMA loader
+clamps a box past the end to the last valid page; the gather loader skips those rows). What such
+rows hold in smem is stale or whatever the last page holds past the end (NaN in the tests); the
+consumers mask their scores and zero their V rows (``MLADecodeBase.zero_v_rows``), so nothing of it
+reaches P.V.
+"""
+from __future__ import annotations
+
+import os
+
+GATHER_PAGE_SIZES = (1, 2, 4, 8)
+"""Page sizes loaded by the cp.async row gather."""
+TMA_PAGE_SIZES = (16, 32, 64, 128)
+"""Page sizes loaded by TMA boxes (at least two 8-row swizzle atoms per box)."""
+PAGE_SIZES = GATHER_PAGE_SIZES + TMA_PAGE_SIZES
+"""Every page size (``k_cache.shape[1]``) the kernels serve."""
+
+MULTICAST_ENV_VAR = "MLA_MULTICAST"
+"""``MLA_MULTICAST=0`` turns TMA multicast clusters off (A/B measurement, fallback); unset or 1: on."""
+MULTICAST_CLUSTER = 2
+"""CTAs per cluster when multicast is on. Why 2 and not 4 for 256+ rows: the split plan sizes the grid
+to the SM count with one CTA per SM, and a cluster must sit in one GPC. Hopper's GPCs hold an even
+number of SMs (2 per TPC), so 2-CTA clusters can fill every SM; with 4-CTA clusters a GPC of 18 SMs
+leaves 2 idle, and the CTAs that do not fit run as a second wave, which costs far more than the L2
+traffic a cluster of 4 saves over a cluster of 2 (the KV bytes come from HBM once either way)."""
+
+TILE_TOKENS = 64  # tokens per K tile (BLOCK_N of the kernels)
+
+
+def check_page_size(page_size: int) -> None:
+    """ValueError unless ``page_size`` is one the loaders serve."""
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size not in PAGE_SIZES:
+        raise ValueError(f"page_size must be one of {PAGE_SIZES}, got {page_size!r}")
+
+
+def uses_tma(page_size: int) -> bool:
+    """True when tiles of this page size are loaded by TMA, False for the cp.async gather."""
+    check_page_size(page_size)
+    return page_size in TMA_PAGE_SIZES
+
+
+def multicast_enabled() -> bool:
+    """The ``MLA_MULTICAST`` switch: unset, ``1``: on; ``0``: off; anything else is a ValueError."""
+    value = os.environ.get(MULTICAST_ENV_VAR, "1")
+    if value not in ("0", "1"):
+        raise ValueError(f"{MULTICAST_ENV_VAR} must be 0 or 1 (or unset), got {value!r}")
+    return value == "1"
+
+
+def cluster_size(page_size: int, num_m_blocks: int, multicast: bool) -> int:
+    """CTAs per cluster along grid x (the m-blocks of one plan part): 2 when multicast is wanted, the
+    page size is a TMA one and the m-block count is even; else 1 (no cluster).
+
+    An odd m-block count (129-192, 257-320 or 385-448 rows) gets no cluster: padding grid x to even
+    would add CTAs beyond the SM count the planner sized the grid for (a second wave), and a cluster
+    of 3 or more does not fit every GPC (see ``MULTICAST_CLUSTER``).
+    """
+    if multicast and uses_tma(page_size) and num_m_blocks >= MULTICAST_CLUSTER \
+            and num_m_blocks % MULTICAST_CLUSTER == 0:
+        return MULTICAST_CLUSTER
+    return 1
+
+
+# ----------------------------------------------------------------------------------------------
+# Device code. The DSL is imported after the constants so that reading them costs nothing extra for
+# callers that already import cutlass, and the arch is pinned before the first DSL import (a CPU-only
+# machine would otherwise compile for a default arch).
+os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+import cutlass.pipeline as pipeline  # noqa: E402
+from cutlass import Int32, const_expr  # noqa: E402
+from cutlass.cute.nvgpu import cpasync  # noqa: E402
+
+
+class PagedKVLoader:
+    """What a loader tells the kernel (static, host side) and the calls the kernel makes (device side).
+
+    Host side: ``make_tma`` (inside the kernel's ``@cute.jit __call__``) builds whatever descriptor the
+    loader needs. Device side: ``make_pipeline`` builds the K stage pipeline; ``producer_warps``
+    warps of the producer warpgroup call ``load_tile`` for every tile, in tile order, with the same
+    arguments; every consumer thread calls ``consumer_wait`` / ``consumer_release`` around its reads.
+
+    ``mK`` is the kernel's (token_in_page, dim, kv_head, page) view of k_cache; ``kv_head`` selects the
+    576-wide slice of every token (0 while the kernels serve h_kv = 1).
+    """
+
+    producer_warps: int
+
+    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1):
+        check_page_size(page_size)
+        self.dtype = dtype
+        self.page_size = page_size
+        self.head_dim = head_dim
+        self.stages = stages
+        self.cluster = cluster
+        self.tile_bytes = TILE_TOKENS * head_dim * dtype.width // 8
+
+    @cute.jit
+    def consumer_wait(self, pipe, state):
+        pipe.consumer_wait(state)
+
+    @cute.jit
+    def consumer_release(self, pipe, state):
+        pipe.consumer_release(state)
+
+
+class TmaPagedKV(PagedKVLoader):
+    """TMA boxes of ``box_rows`` tokens x 576 dims, one per page (or page slice) of the tile; with a
+    cluster, each CTA issues its ``1 / cluster`` of the boxes and multicasts them to every CTA."""
+
+    producer_warps = 1  # one warp: the DSL's TMA issue elects one lane itself
+
+    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1):
+        super().__init__(dtype, page_size, head_dim, stages, cluster)
+        if page_size not in TMA_PAGE_SIZES:
+            raise ValueError(f"TMA loader serves page sizes {TMA_PAGE_SIZES}, got {page_size}")
+        if TILE_TOKENS % cluster:
+            raise ValueError(f"cluster {cluster} does not divide the {TILE_TOKENS}-token tile")
+        self.rows_per_cta = TILE_TOKENS // cluster  # tile rows each CTA of the cluster issues
+        # A box never spans two pages, and never more rows than this CTA's share of the tile. Both are
+        # multiples of 8, so every box starts on a 128B-swizzle atom boundary of the stage.
+        self.box_rows = min(page_size, self.rows_per_cta)
+        self.boxes_per_cta = self.rows_per_cta // self.box_rows
+
+    def box_smem_layout(self, sK_layout):
+        """The smem layout of one box (rows 0..box_rows-1 of stage 0): what the TMA atom writes.
+
+        The stage layout composed with a (row, dim) -> (row, dim) map restricted to box_rows rows keeps
+        the stage's strides (a box lands inside the stage tile, not as a compact tile of its own).
+        """
+        outer = cute.composition(sK_layout.outer,
+                                 cute.make_layout((self.box_rows, self.head_dim), stride=(1, TILE_TOKENS)))
+        return cute.make_composed_layout(sK_layout.inner, 0, outer)
+
+    def make_tma(self, mK, sK_layout):
+        """(atom, TMA view of mK) for boxes of this loader (call inside the host ``@cute.jit``)."""
+        op = cpasync.CopyBulkTensorTileG2SMulticastOp() if const_expr(self.cluster > 1) \
+            else cpasync.CopyBulkTensorTileG2SOp()
+        return cpasync.make_tiled_tma_atom(op, mK, self.box_smem_layout(sK_layout), (self.box_rows, self.head_dim))
+
+    def make_pipeline(self, barrier_ptr, consumer_warps: int):
+        """K stages: one producer arrive (with the tile's byte count) per stage and CTA; each consumer
+        warp releases a stage once, to every CTA of the cluster (their producers multicast into it)."""
+        thread = pipeline.Agent.Thread
+        cta_layout = None
+        if const_expr(self.cluster > 1):
+            # (V, M, N, K): the cluster runs along M (grid x = m-blocks). With the default
+            # mcast_mode_mn=(1, 1) lanes 0..cluster-1 of each consumer warp arrive on the empty
+            # barrier of CTA rank 0..cluster-1.
+            cta_layout = cute.make_layout((1, self.cluster, 1, 1))
+        return pipeline.PipelineTmaAsync.create(
+            barrier_storage=barrier_ptr, num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(thread, 1),
+            consumer_group=pipeline.CooperativeGroup(thread, consumer_warps * self.cluster),
+            tx_count=self.tile_bytes, cta_layout_vmnk=cta_layout, defer_sync=True)
+
+    @cute.jit
+    def load_tile(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, mBlockTable: cute.Tensor,
+                  pipe, state, r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32):
+        """Acquire the stage, then issue this CTA's boxes of tile ``blk`` of request ``r``."""
+        P = self.page_size
+        box = self.box_rows
+        # gK: (box, dim, boxes per page, kv_head, page); sKb: (box, dim, boxes per tile, stage).
+        gK = cute.local_tile(mK, (box, self.head_dim), (None, 0, None, None))
+        # (The smem tensor's layout is the stage's outer layout, its iterator carries the swizzle.)
+        sKb = cute.make_tensor(sK.iterator, cute.composition(sK.layout, cute.make_layout(
+            (box, self.head_dim, TILE_TOKENS // box, self.stages),
+            stride=(1, TILE_TOKENS, box, TILE_TOKENS * self.head_dim))))
+        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sKb, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        rank = Int32(0)
+        if const_expr(self.cluster > 1):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        # Page ids first: the block_table loads of all boxes go out together, before the wait for the
+        # stage, instead of one dependent load ahead of each box's TMA.
+        last_page = (seqlen - 1) // P  # the request's last valid page (the tile has >= 1 token)
+        pages = cute.make_rmem_tensor(self.boxes_per_cta, Int32)
+        for b in cutlass.range_constexpr(self.boxes_per_cta):
+            token = blk * TILE_TOKENS + (rank * self.boxes_per_cta + b) * box
+            # A box wholly past the end reloads the last valid page (never a block_table entry the
+            # request does not own); its rows are masked and zeroed like any row past the end.
+            pages[b] = mBlockTable[r, cutlass.min(token // P, last_page)]
+        pipe.producer_acquire(state)
+        bar = pipe.producer_get_barrier(state)
+        for b in cutlass.range_constexpr(self.boxes_per_cta):
+            box_idx = rank * self.boxes_per_cta + b  # box of the tile: its rows box_idx * box ...
+            token = blk * TILE_TOKENS + box_idx * box
+            in_page = (token % P) // box  # row block inside the page (128-token pages: 0 or 1)
+            if const_expr(self.cluster > 1):
+                cute.copy(tma_k, tKgK[None, in_page, kv_head, pages[b]], tKsK[None, box_idx, state.index],
+                          tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1))
+            else:
+                cute.copy(tma_k, tKgK[None, in_page, kv_head, pages[b]], tKsK[None, box_idx, state.index],
+                          tma_bar_ptr=bar)
+
+
+class GatherPagedKV(PagedKVLoader):
+    """16-byte cp.async gather of each token row; issued by ``producer_warps`` warps (128 threads)."""
+
+    producer_warps = 4
+    threads_per_row = 8  # 8 x 16 B = one 128-byte swizzle row per warp quarter: full sectors, no bank conflicts
+
+    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1):
+        super().__init__(dtype, page_size, head_dim, stages, cluster)
+        if page_size not in GATHER_PAGE_SIZES:
+            raise ValueError(f"gather loader serves page sizes {GATHER_PAGE_SIZES}, got {page_size}")
+        if cluster != 1:
+            raise ValueError("the cp.async gather loader does not multicast (cluster must be 1)")
+        self.producer_threads = self.producer_warps * 32
+        self.vec = 128 // dtype.width  # elements per 16-byte copy
+        self.chunks_per_thread = head_dim // self.vec // self.threads_per_row  # 576 / 8 / 8 = 9
+        self.rows_per_pass = self.producer_threads // self.threads_per_row  # 16
+        self.passes = TILE_TOKENS // self.rows_per_pass  # 4
+        if self.chunks_per_thread * self.vec * self.threads_per_row != head_dim:
+            raise ValueError(f"head_dim {head_dim} is not a multiple of {self.vec * self.threads_per_row}")
+
+    def make_tma(self, mK, sK_layout):
+        return None, mK
+
+    def make_pipeline(self, barrier_ptr, consumer_warps: int):
+        """Full barrier: one (cp.async-completion) arrive per producer thread; empty barrier: one
+        arrive per consumer warp, like the TMA pipeline, so the consumers' code is the same."""
+        thread = pipeline.Agent.Thread
+        return pipeline.PipelineCpAsync.create(
+            barrier_storage=barrier_ptr, num_stages=self.stages,
+            producer_group=pipeline.CooperativeGroup(thread, self.producer_threads),
+            consumer_group=pipeline.CooperativeGroup(thread, consumer_warps), defer_sync=True)
+
+    @cute.jit
+    def consumer_wait(self, pipe, state):
+        pipe.consumer_wait(state)
+        # cp.async writes smem through the generic proxy; wgmma reads it through the async proxy.
+        # The mbarrier orders the copies before this thread; the proxy fence then orders them before
+        # this thread's wgmma reads.
+        cute.arch.fence_view_async_shared()
+
+    @cute.jit
+    def consumer_release(self, pipe, state):
+        # PipelineCpAsync's release arrives once per calling thread; the empty barrier counts warps.
+        if cute.arch.lane_idx() == 0:
+            pipe.consumer_release(state)
+
+    @cute.jit
+    def load_tile(self, tma_k, mK: cute.Tensor, sK: cute.Tensor, mBlockTable: cute.Tensor, pipe, state,
+                  r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32):
+        """Acquire the stage, then gather tile ``blk`` of request ``r``: thread t copies chunks
+        ``t % 8 + 8 c`` (c < 9) of rows ``t // 8 + 16 p`` (p < 4), skipping rows past the end."""
+        P = self.page_size
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
+                                   num_bits_per_copy=128)
+        col = producer_tidx % self.threads_per_row
+        row0 = producer_tidx // self.threads_per_row
+        # Page ids of this thread's rows first (independent loads in flight together); a row past the
+        # end looks up the last valid token's page (always a page the request owns) and is not copied.
+        pages = cute.make_rmem_tensor(self.passes, Int32)
+        for p in cutlass.range_constexpr(self.passes):
+            token = blk * TILE_TOKENS + row0 + p * self.rows_per_pass
+            pages[p] = mBlockTable[r, cutlass.min(token, seqlen - 1) // P]
+        pipe.producer_acquire(state)
+        for p in cutlass.range_constexpr(self.passes):
+            row = row0 + p * self.rows_per_pass
+            token = blk * TILE_TOKENS + row
+            if token < seqlen:
+                gRow = mK[token % P, None, kv_head, pages[p]]
+                sRow = sK[row, None, state.index]
+                for c in cutlass.range_constexpr(self.chunks_per_thread):
+                    chunk = col + c * self.threads_per_row
+                    cute.copy(atom, cute.local_tile(gRow, (self.vec,), (chunk,)),
+                              cute.local_tile(sRow, (self.vec,), (chunk,)))
+        pipe.producer_commit(state)  # cp.async.mbarrier.arrive.noinc: arrives when this thread's copies land
+
+
+def make_loader(dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1) -> PagedKVLoader:
+    """The loader for ``page_size`` (TMA for >= 16, cp.async gather below)."""
+    cls = TmaPagedKV if uses_tma(page_size) else GatherPagedKV
+    return cls(dtype, page_size, head_dim, stages, cluster)
