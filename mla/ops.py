@@ -105,7 +105,7 @@ _AFTER_INPLACE_OR_VIEW = torch._C._after_ADInplaceOrView_keyset
 
 
 def _bump_versions(keyset, *args):
-    torch._C._increment_version([args[i] for i in _MUTATED])
+    torch.autograd.graph.increment_version([args[i] for i in _MUTATED])
     return _OP.redispatch(keyset & _AFTER_INPLACE_OR_VIEW, *args)
 
 
