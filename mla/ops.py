@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import torch
 
-
 from . import api, validate
 from .reference import HEAD_DIM_V
 
