@@ -4,7 +4,9 @@
     python scripts/host_timing.py cold  [--b 1] [--h-q 16] [--seqlen 1024]
 
 ``eager``: wall time per call of ``--calls`` back-to-back eager calls after warm-up (median of
-``--rounds``), bf16, s_q 1, page 64, on the current GPU, for: ``mla.MLADecoder.run`` (planned once,
+``--rounds``; to the final ``torch.cuda.synchronize``, so never below the GPU time of a call) and the
+host time per call (the loop alone: the enqueue cost, while the launch queue has room), bf16, s_q 1,
+page 64, on the current GPU, for: ``mla.MLADecoder.run`` (planned once,
 ``out`` given), ``mla.flash_mla_with_kvcache`` (metadata from ``get_mla_metadata`` once),
 ``torch.ops.mla.decode`` (the custom op called eagerly), the compiled launch alone (no checks, no
 allocation: the TVM-FFI call floor) and one CUDA graph replay of ``MLADecoder.run`` (the GPU time).
@@ -63,19 +65,25 @@ def eager(args) -> int:
     }
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; b{args.b} s_q1 h{args.h_q} seqlen "
           f"{args.seqlen} bf16 page 64; {args.calls} back-to-back calls, median of {args.rounds} rounds")
+    print(f"  {'':<42} {'wall':>7}    {'host':>7}   (wall: to the final synchronize, the issue's measure; it "
+          f"cannot go below the GPU time. host: the loop alone, i.e. the enqueue cost while the launch queue "
+          f"has room)")
     for name, fn in calls.items():
         for _ in range(50):
             fn()
         torch.cuda.synchronize()
-        rounds = []
+        wall, host = [], []
         for _ in range(args.rounds):
             start = time.perf_counter()
             for _ in range(args.calls):
                 fn()
+            enqueued = time.perf_counter()
             torch.cuda.synchronize()
-            rounds.append((time.perf_counter() - start) * 1e6 / args.calls)
-        print(f"  {name:<42} {statistics.median(rounds):7.1f} us per call  (rounds: "
-              f"{', '.join(f'{r:.1f}' for r in rounds)})")
+            done = time.perf_counter()
+            wall.append((done - start) * 1e6 / args.calls)
+            host.append((enqueued - start) * 1e6 / args.calls)
+        print(f"  {name:<42} {statistics.median(wall):7.1f} us {statistics.median(host):7.1f} us per call  "
+              f"(wall rounds: {', '.join(f'{r:.1f}' for r in wall)})")
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         dec.run(q, k, bt, sl, out=out)
