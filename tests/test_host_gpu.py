@@ -160,27 +160,3 @@ def test_launch_follows_the_current_stream():
     ref_out, ref_lse = mla_decode_reference(p.q, p.k_cache, p.block_table, p.cache_seqlens)
     cmp = compare_to_reference(out, lse, ref_out, ref_lse)
     assert cmp.ok, cmp.message
-
-
-def test_eager_host_cost_is_small():
-    """Per-call wall time of back-to-back MLADecoder.run calls on a problem whose GPU time is ~12 us.
-    The old path (from_dlpack views per call) took ~180 us on an H200; the bound here is loose
-    (machines vary); scripts/host_timing.py measures it precisely."""
-    import mla
-
-    p = _problem(seqlens=(1024,), s_q=1, h_q=16)
-    dec = mla.MLADecoder()
-    dec.plan(p.cache_seqlens, num_heads_q=16, seq_len_q=1)
-    out = torch.empty(1, 1, 16, 512, dtype=torch.bfloat16, device="cuda")
-    for _ in range(50):
-        dec.run(p.q, p.k_cache, p.block_table, p.cache_seqlens, out=out)
-    torch.cuda.synchronize()
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(300):
-            dec.run(p.q, p.k_cache, p.block_table, p.cache_seqlens, out=out)
-        torch.cuda.synchronize()
-        best = min(best, (time.perf_counter() - start) * 1e6 / 300)
-    print(f"MLADecoder.run: {best:.1f} us per call")
-    assert best < 60, best
