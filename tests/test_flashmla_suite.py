@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import pathlib
 import sys
 
@@ -75,7 +76,7 @@ def test_filters(suite_dir):
 def test_shards_split_the_configs_and_add_up(suite_dir, tmp_path, monkeypatch):
     # Each shard runs in its own process: make the project and the fake suite importable there.
     root = str(SCRIPT.parent.parent)
-    monkeypatch.setenv("PYTHONPATH", root + ":" + str(suite_dir))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [root, str(suite_dir), os.environ.get("PYTHONPATH")])))
     out = tmp_path / "jobs.json"
     rc = _script().main(["--tests", str(suite_dir), "--dtype", "bf16", "--jobs", "3", "--out", str(out)])
     summary = json.loads(out.read_text())

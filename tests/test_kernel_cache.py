@@ -392,7 +392,7 @@ def test_real_kernel_round_trip(tmp_path):
     callable there (its compiled argument check answers, naming the expected device)."""
     script = tmp_path / "toy.py"
     script.write_text(_TOY)
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
     runs = []
     for _ in range(2):
         proc = subprocess.run([sys.executable, str(script), str(tmp_path / "cache")], capture_output=True, text=True,

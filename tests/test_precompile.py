@@ -64,7 +64,7 @@ def test_invalid_combinations_are_reported_not_compiled():
 
 
 def _run(args, cache_dir, **env):
-    env = dict(os.environ, MLA_CACHE_DIR=str(cache_dir), PYTHONPATH=str(ROOT), **env)
+    env = dict(os.environ, MLA_CACHE_DIR=str(cache_dir), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), **env)
     return subprocess.run([sys.executable, "-m", "mla.precompile", *args], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=900)
 
