@@ -22,25 +22,28 @@ from dataclasses import dataclass
 import torch
 
 import pipelines
+from pipelines import auto as pipeline_auto
 from split_k import planner
 
 from . import validate
 from .reference import HEAD_DIM_V
 
 PIPELINE_ENV_VAR = "MLA_PIPELINE"
-DEFAULT_PIPELINE = "2wg"
+DEFAULT_PIPELINE = pipeline_auto.DEFAULT  # "2wg"
 PIPELINE_CHOICES = ("auto",) + tuple(pipelines.VARIANTS)
 PLANNER_CHOICES = ("auto", "device", "host")
 PLANNER_DEVICE_TYPE = "cuda"
 """Device type the planner kernel runs on (read at call time, so CPU tests can substitute a fake)."""
 
 
-def resolve_pipeline(pipeline: str = "auto") -> str:
+def resolve_pipeline(pipeline: str = "auto", shape: validate.DecodeShape | None = None) -> str:
     """Map a ``pipeline=`` argument to a variant name.
 
     ``"2wg"`` and ``"3wg"`` name a variant; ``"auto"`` means the ``MLA_PIPELINE`` environment
-    variable when it is set (to a variant name), else ``"2wg"``. Raises ``ValueError`` listing the
-    choices for any other name (in the argument or in the environment variable).
+    variable when it is set (to a variant name), else the measured choice for ``shape``
+    (``pipelines.auto``: the faster pipeline of the committed perf run, among the available ones
+    serving the page size), else (no shape) ``"2wg"``. Raises ``ValueError`` listing the choices for
+    any other name (in the argument or in the environment variable).
     """
     if not isinstance(pipeline, str) or pipeline not in PIPELINE_CHOICES:
         raise ValueError(f"pipeline must be one of {PIPELINE_CHOICES}, got {pipeline!r}")
@@ -48,10 +51,20 @@ def resolve_pipeline(pipeline: str = "auto") -> str:
         return pipeline
     env = os.environ.get(PIPELINE_ENV_VAR, "").strip()
     if not env or env == "auto":
-        return DEFAULT_PIPELINE
+        return DEFAULT_PIPELINE if shape is None else _measured_choice(shape)
     if env not in pipelines.VARIANTS:
         raise ValueError(f"{PIPELINE_ENV_VAR} must be one of {tuple(pipelines.VARIANTS)} (or unset), got {env!r}")
     return env
+
+
+def _per_shape(pipeline: str) -> bool:
+    """Whether ``pipeline`` leaves the choice to the measured table (``"auto"``, no env override)."""
+    return pipeline == "auto" and os.environ.get(PIPELINE_ENV_VAR, "").strip() in ("", "auto")
+
+
+def _measured_choice(shape: validate.DecodeShape) -> str:
+    candidates = [v for v in pipelines.available_variants() if shape.page_size in pipelines.supported_page_sizes(v)]
+    return pipeline_auto.choose(shape.page_size, shape.rows, shape.batch_size, candidates)
 
 
 def require_kernel(variant: str) -> None:
@@ -278,7 +291,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
             h_kv)`` (tensors on q's device), or ``(MLASchedMeta, None)`` from ``get_mla_metadata()``.
         softmax_scale: default ``576 ** -0.5``; must be finite and > 0.
         causal: bottom-right aligned causal mask (matters for ``s_q > 1``).
-        pipeline: ``"auto"`` (the ``MLA_PIPELINE`` env var, else ``"2wg"``), ``"2wg"`` or ``"3wg"``.
+        pipeline: ``"auto"`` (the ``MLA_PIPELINE`` env var, else the measured choice for this shape:
+            ``pipelines.auto``), ``"2wg"`` or ``"3wg"``.
         out: optional ``[b, s_q, h_q, 512]`` of q's dtype to write into.
 
     Returns:
@@ -299,6 +313,8 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     require_kernel(variant)
     shape = validate.check_decode_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale,
                                          causal, out=out, device_type=validate.KERNEL_DEVICE_TYPE)
+    if _per_shape(pipeline):
+        variant = resolve_pipeline(pipeline, shape)
     _check_kernel_shape(shape, variant)
     _check_kernel_alignment(q, k_cache, out, None)
     if isinstance(tile_scheduler_metadata, MLASchedMeta):
@@ -351,11 +367,13 @@ class MLADecoder:
     """
 
     def __init__(self, pipeline: str = "auto", *, num_sms: int | None = None, planner: str = "auto"):
-        """``pipeline``: ``"auto"``/``"2wg"``/``"3wg"`` (resolved now, ``MLA_PIPELINE`` read now);
+        """``pipeline``: ``"auto"``/``"2wg"``/``"3wg"`` (resolved now, ``MLA_PIPELINE`` read now;
+        without the variable, ``"auto"`` picks the measured choice for each planned shape in ``plan``);
         ``num_sms``: SM count to plan for (default: the device's); ``planner``: ``"auto"``/
         ``"device"``/``"host"`` (see ``get_mla_metadata``; ``"auto"`` is the kernel for lengths on the
         planned CUDA device, the host planner otherwise)."""
         self.variant = resolve_pipeline(pipeline)
+        self._per_shape = _per_shape(pipeline)
         self._num_sms = num_sms
         self._planner = check_planner(planner)
         self._planned: validate.DecodeShape | None = None
@@ -406,6 +424,8 @@ class MLADecoder:
             torch.empty(b, 0, dtype=torch.int32, device=meta),
             torch.empty(b, dtype=torch.int32, device=meta),
             head_dim_v, softmax_scale, causal, device_type=None)
+        if self._per_shape:
+            self.variant = _measured_choice(shape)
         _check_kernel_shape(shape, self.variant)
         shape = dataclasses.replace(shape, device=device)
 
