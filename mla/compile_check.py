@@ -5,11 +5,13 @@
 For each variant (and the split-kv merge and planner kernels) this compiles a few static configurations with the
 CuTe DSL (``CUTE_DSL_ARCH=sm_90a``, fake tensors), disassembles the cubin with ``nvdisasm`` and
 counts the instructions that show the variant is on the intended path: ``HGMMA`` (wgmma),
+``WARPGROUP.DEPBAR`` (waits for wgmma: one after every HGMMA means ptxas serialized them),
 ``UTMALDG`` (TMA loads), ``UTMALDG...MULTICAST``, ``USETMAXREG`` (register reallocation), ``LDGSTS``
 (cp.async) and ``LDL``/``STL`` (local memory: register spills). The configurations cover both KV
 loaders and the multicast cluster (``DECODE_CONFIGS``): what a configuration promises follows from
 its page size and cluster (``loader_promises``) on top of the variant's own promises. It exits 1 if
-a kernel lacks an instruction it promises or has one it must not have, 2 if the tools are missing.
+a kernel lacks an instruction it promises, has one it must not have, or has its wgmma serialized;
+2 if the tools are missing.
 """
 from __future__ import annotations
 
@@ -27,9 +29,10 @@ from dataclasses import dataclass
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-COUNTED = ("HGMMA", "UTMALDG", "UTMALDG_MULTICAST", "USETMAXREG", "LDGSTS", "LDL", "STL")
+COUNTED = ("HGMMA", "WGMMA_WAIT", "UTMALDG", "UTMALDG_MULTICAST", "USETMAXREG", "LDGSTS", "LDL", "STL")
 _PATTERNS = {
     "HGMMA": re.compile(r"\bHGMMA\b"),
+    "WGMMA_WAIT": re.compile(r"\bWARPGROUP\.DEPBAR\b"),
     "UTMALDG": re.compile(r"\bUTMALDG\b"),
     "UTMALDG_MULTICAST": re.compile(r"\bUTMALDG\S*MULTICAST"),
     "USETMAXREG": re.compile(r"\bUSETMAXREG\b"),
@@ -59,9 +62,12 @@ class Target:
 
 
 # What each pipeline variant promises in its SASS, whatever the page size. 2wg: wgmma for QK and PV,
-# TMA for Q, no spills; it has no producer warpgroup, so no setmaxnreg.
+# TMA for Q, no spills; it has no producer warpgroup, so no setmaxnreg. 3wg: the same, plus the
+# register reallocation of its producer and consumer warpgroups (setmaxnreg, which ptxas drops
+# silently without min_blocks_per_mp=1); no spills in any of its three register budgets.
 PROMISES = {
     "2wg": dict(need=("HGMMA", "UTMALDG"), forbid=("LDL", "STL", "USETMAXREG")),
+    "3wg": dict(need=("HGMMA", "UTMALDG", "USETMAXREG"), forbid=("LDL", "STL")),
 }
 
 # (dtype, h_q, s_q, causal, page_size, multicast) of the decode kernels checked per variant: a 2-CTA
@@ -127,10 +133,20 @@ def count_sass(sass: str) -> dict[str, int]:
     return {k: len(_PATTERNS[k].findall(sass)) for k in COUNTED}
 
 
+# ptxas serializes a kernel's wgmma when it cannot keep the in-flight accumulators untouched
+# (register pressure, spills, control flow inside a wgmma group: infos C7510-C7515, which the DSL does
+# not show). It then waits after every HGMMA, so every kernel's overlap is gone while the results stay
+# right. Our kernels wait once per wgmma group (a QK of 36 k-steps, a P.V of 4), so more than one wait
+# per 4 HGMMA means serialized.
+MAX_WAITS_PER_HGMMA = 0.25
+
+
 def check_promises(counts: dict[str, int], need, forbid) -> list[str]:
     """Return the broken promises (empty if all hold)."""
     problems = [f"no {k}" for k in need if counts.get(k, 0) == 0]
     problems += [f"{counts[k]} {k}" for k in forbid if counts.get(k, 0) > 0]
+    if counts.get("HGMMA", 0) and counts.get("WGMMA_WAIT", 0) > MAX_WAITS_PER_HGMMA * counts["HGMMA"]:
+        problems.append(f"wgmma serialized ({counts['WGMMA_WAIT']} waits for {counts['HGMMA']} HGMMA)")
     return problems
 
 

@@ -1,36 +1,48 @@
 """3-warpgroup pipeline: a producer warpgroup and two consumer warpgroups (384 threads, setmaxnreg).
 
-Roles (warpgroup: job, registers per thread after ``setmaxnreg``):
-- WG0, producer (``load``): gives registers back (40 with TMA loads, 56 with the cp.async gather,
-  whose 128 threads each keep 4 page ids and 9 copy addresses live), then issues every load of the
-  CTA's work list in order: per request Q (TMA, warp 0), then the chunk's K tiles through the
-  page-size loader (``pipelines.paged_kv``: TMA boxes from warp 0, or the cp.async row gather from
-  all 128 threads). Unlike 2wg, where WG1 gathers small pages between its own P.V, nothing else
-  waits on these threads, so a stage is refilled as soon as the consumers release it.
-- WG1, QK consumer (``mma_qk_softmax_pv``, 232/224 registers): S = Q.K^T (64x64, both operands from
-  smem), mask, online softmax; hands P (bf16) and the row factors to WG2 through smem; then
-  O[:, 0:256] += P.V[:, 0:256] with P from registers (RS wgmma).
-- WG2, PV consumer (``mma_pv``): O[:, 256:512] += P.V[:, 256:512] with P from smem (SS wgmma).
+Roles (warpgroup: job; registers per thread after ``setmaxnreg``, TMA pages / gather pages):
+- WG0, producer (``load``; 40 / 56): issues every load of the CTA's work list in the consumers'
+  order: per request Q (TMA, warp 0), then the chunk's K tiles through the page-size loader
+  (``pipelines.paged_kv``: TMA boxes from warp 0, or the cp.async row gather from all 128 threads,
+  whose page ids and copy addresses need the extra registers). Unlike 2wg, where WG1 issues loads
+  (and for small pages gathers whole tiles) between its own P.V, nothing else waits on these
+  threads, so a stage is refilled as soon as the consumers release it.
+- WG1, QK consumer (``mma_qk_softmax_pv``; 256): S = Q.K^T (64x64, Q and K from smem), mask, online
+  softmax; hands P (bf16) and the row factors to WG2 through smem; O[:, 0:256] += P.V[:, 0:256].
+- WG2, PV consumer (``mma_pv``; 208 / 192): O[:, 256:512] += P.V[:, 256:512].
 Both consumers hold a 64x256 fp32 accumulator (128 registers per thread); the epilogue is the
 skeleton's, one 256-column half per consumer, as in 2wg.
 
-Which QK split, and why: one consumer does all of QK; the other only P.V. FlashInfer's FA3-style
-form splits QK along the KV tile instead (each consumer scores half the tokens), which needs a
-cross-consumer row-max exchange through smem and a named barrier every tile, on the critical path
-of both consumers; that exchange is what made FlashInfer drop the form at h_q = 128. Here the only
+Which QK split, and why: one consumer does all of QK, the other only P.V. FlashInfer's FA3-style form
+splits QK along the KV tile instead (each consumer scores half the tokens), which needs a
+cross-consumer row-max exchange through smem and a named barrier every tile, on the critical path of
+both consumers; that exchange is what made FlashInfer drop the form at h_q = 128. Here the only
 exchange is 2wg's one-way P hand-off, which WG2 consumes off WG1's critical path. The cost is
-imbalance: WG1 issues 40 of the 44 wgmma k-steps' worth of tensor work per tile (QK is 2.25x one
-P.V half), so WG2 idles part of each tile; its work overlaps WG1's next QK.
+imbalance: per tile WG1 issues QK (36 k-steps of 64x64) plus half of P.V, WG2 only the other half,
+so WG2 idles part of each tile while the tensor cores stay busy with WG1's work.
 
 Overlap of QK(i+1) with P.V(i) in WG1 (FA3's intra-warpgroup pipelining): when tile i+1 has already
-landed, WG1 issues QK(i+1) and then P.V(i), waits for QK(i+1) only, and runs the mask and softmax
-of tile i+1 on the CUDA cores while P.V(i) runs on the tensor cores; then it waits for P.V(i),
-releases tile i and hands P(i+1) over. Registers allow it: O half 128 + S 32 + P 16 + row state
-~10 is about 190 live registers per thread, under the consumers' 224/232. When tile i+1 has not
-landed (the memory-bound case), WG1 does not wait for it before P.V(i): it issues P.V(i), releases
-tile i, then waits for tile i+1. Waiting first would hold tile i's stage until tile i+1 arrived,
-and with two stages that leaves one tile in flight instead of two. The test (``mbarrier.test_wait``,
-non-blocking) picks the order per tile; both orders compute the same thing.
+landed, WG1 issues QK(i+1) and then P.V(i), waits for QK(i+1) only, and runs the mask and softmax of
+tile i+1 on the CUDA cores while P.V(i) runs on the tensor cores; then it waits for P.V(i), releases
+tile i and hands P(i+1) over. When tile i+1 has not landed (the memory-bound case), WG1 does not
+wait for it before P.V(i): it issues P.V(i), releases tile i, then waits for tile i+1. Waiting first
+would hold tile i's stage until tile i+1 arrived, and with two stages that leaves one tile in flight
+instead of two. A non-blocking ``mbarrier.test_wait`` picks the order per tile; both orders compute
+the same thing. Each order is a self-contained branch (issues, waits, softmax): a first form that
+shared the softmax and the last wait after the branches merged made ptxas serialize every wgmma of
+the kernel (info C7515).
+
+Registers: during the overlap WG1 holds O (128), S (32) and the row state, plus addresses; ptxas
+needs 256 for that without spilling or serializing across all configurations (h_kv > 1 and causal
+s_q = 4 were the tightest), which is also why WG1 reads P for its own P.V from smem (SS wgmma, like
+WG2) rather than from registers as 2wg's WG0 does: P(i) would otherwise stay live (16 registers)
+beside S(i+1) for the whole overlap. The cost is one 128-thread barrier per tile (WG1's P stores
+visible to its own wgmma) and 2 KB more smem reads per k-step. 384 threads at one CTA per SM start
+at 168 registers, a pool of 128 x 504: producer + WG1 + WG2 = 40 + 256 + 208 (TMA) or
+56 + 256 + 192 (gather). WG2 needs about 160. The producer's 40 also shapes the TMA loader: a tile
+of 2 or 4 boxes is issued in a loop (``rolled_boxes``; unrolled, ptxas hoists every box's 9
+descriptor copies and spills). ``python -m mla.compile_check`` checks the SASS: USETMAXREG, no
+LDL/STL, wgmma not serialized.
 
 Shared memory (the skeleton's plan, unchanged): Q 72 KB + 2 stages of 64x576 K 144 KB + P 8 KB +
 barriers and factors fill 225 KB of the 227 KB. A deeper K ring (FA3's usual 3-4 stages) is not
@@ -38,14 +50,16 @@ possible with 64-token tiles: a third stage alone is 72 KB. Smaller tiles (Flash
 tokens and 4 stages) would halve every wgmma's N and double the per-tile softmax and barrier
 overhead; the skeleton keeps one tile shape for both designs.
 
-Ordering (named barriers, ``Bar``): P_FULL and P_EMPTY between the two consumers (256 threads),
-a one-deep queue exactly as in 2wg: WG2 pre-arrives P_EMPTY once; WG1 syncs P_EMPTY before every
-write of sP/factors (one per tile plus one for 1/rowsum per chunk) and arrives P_FULL after it;
-WG2 syncs P_FULL before each read and arrives P_EMPTY after it; WG1's final P_EMPTY sync pairs
-WG2's last arrive. Neither side can arrive twice on one barrier before the other has synced on it
-(each arrive is followed by a sync on the other barrier), so no arrival is ever counted into the
-wrong phase. The producer touches no named barrier: it only waits on the stages' "empty" mbarriers
-(both consumers' 8 warps release a K stage; WG1's 4 warps release Q) and the consumers on "full".
+Ordering (named barriers, ``Bar``): P_FULL and P_EMPTY between the two consumers (256 threads), a
+one-deep queue exactly as in 2wg: WG2 pre-arrives P_EMPTY once; WG1 syncs P_EMPTY before every write
+of sP/factors (one per tile plus one for 1/rowsum per chunk) and arrives P_FULL after it; WG2 syncs
+P_FULL before each read and arrives P_EMPTY after it; WG1's final P_EMPTY sync pairs WG2's last
+arrive. Neither side can arrive twice on one barrier before the other has synced on it (each arrive
+is followed by a sync on the other barrier), so no arrival is ever counted into the wrong phase.
+QK_WG and PV_WG (128 threads) order each consumer's own smem writes (zeroed V rows, WG1's P) before
+its wgmma. The producer touches no named barrier: it waits on the stages' "empty" mbarriers (both
+consumers' 8 warps release a K stage, per CTA of the cluster; WG1's 4 warps release Q) and the
+consumers on the "full" ones.
 """
 from __future__ import annotations
 
@@ -69,14 +83,14 @@ class Bar(enum.IntEnum):
     """Named barrier ids (0 is __syncthreads)."""
     P_FULL = 1  # WG1 wrote P (or 1/rowsum) and the factors: WG2 may read (256 threads)
     P_EMPTY = 2  # WG2 is done reading them: WG1 may overwrite (256 threads)
-    QK_WG = 3  # WG1 alone (128 threads): zeroed V rows visible before its P.V
-    PV_WG = 4  # WG2 alone (128 threads)
+    QK_WG = 3  # WG1 alone (128 threads): its zeroed V rows and its P stores before its P.V
+    PV_WG = 4  # WG2 alone (128 threads): its zeroed V rows before its P.V
 
 
-# Registers per thread after setmaxnreg, (producer, consumer). 384 threads launched with one CTA per
-# SM start at 168 registers (65536 / 384 rounded down to 8): a pool of 128 x 504 per warpgroup
-# slot, so producer + 2 x consumer must stay within 504. The cp.async gather keeps more state per
-# producer thread (FA4 makes the same distinction), so its producer keeps 56.
+# Registers per thread after setmaxnreg: (producer, QK consumer, PV consumer). 384 threads launched
+# with one CTA per SM start at 168 registers (65536 / 384 rounded down to 8): a pool of 128 x 504,
+# so the three must stay within 504. The cp.async gather keeps more state per producer thread (FA4
+# makes the same distinction), so its producer keeps 56. Module docstring: why WG1 gets 256.
 REGISTERS_TMA = (40, 256, 208)
 REGISTERS_GATHER = (56, 256, 192)
 ENTRY_REGISTERS = 168
