@@ -45,9 +45,19 @@ def test_variant_compiles_with_its_promises(variant, capsys):
     assert multicast_rows and all(count(r, "UTMALDG_MULTICAST") > 0 for r in multicast_rows), out
     gather_rows = [r for r in rows if " p1 " in r]
     assert gather_rows and all(count(r, "LDGSTS") > 0 for r in gather_rows), out
-    # 3wg resizes its warpgroups' registers (one decrease, one increase per consumer warpgroup);
-    # 2wg has no producer warpgroup.
+    # 3wg resizes its warpgroups' registers (one decrease, one increase per consumer warpgroup) from
+    # exactly the 168 per thread its budgets are made for; 2wg has no producer warpgroup.
     assert all((count(r, "USETMAXREG") > 0) == (variant == "3wg") for r in rows), out
+    if variant == "3wg":
+        assert all(r.split()[-2 - len(compile_check.COUNTED)] == "168" for r in rows), out
+
+
+def test_3wg_register_promise_matches_its_budgets():
+    from pipelines import variant_3wg
+
+    assert compile_check.PROMISES["3wg"]["registers"] == variant_3wg.ENTRY_REGISTERS == 65536 // 384 // 8 * 8
+    for budget in (variant_3wg.REGISTERS_TMA, variant_3wg.REGISTERS_GATHER):
+        assert sum(budget) == 3 * variant_3wg.ENTRY_REGISTERS and all(r % 8 == 0 and 24 <= r <= 256 for r in budget)
 
 
 def test_every_variant_with_a_kernel_has_promises():
