@@ -6,11 +6,14 @@ For each variant this compiles a few static configurations of the host entry the
 and split-kv merge kernels, TVM-FFI), and the merge and planner kernels alone, with the CuTe DSL
 (``CUTE_DSL_ARCH=sm_90a``, fake tensors), disassembles the cubin with ``nvdisasm`` and
 counts the instructions that show the variant is on the intended path: ``HGMMA`` (wgmma),
+``WARPGROUP.DEPBAR`` (waits for wgmma: one after every HGMMA means ptxas serialized them),
 ``UTMALDG`` (TMA loads), ``UTMALDG...MULTICAST``, ``USETMAXREG`` (register reallocation), ``LDGSTS``
 (cp.async) and ``LDL``/``STL`` (local memory: register spills). The configurations cover both KV
 loaders and the multicast cluster (``DECODE_CONFIGS``): what a configuration promises follows from
 its page size and cluster (``loader_promises``) on top of the variant's own promises. It exits 1 if
-a kernel lacks an instruction it promises or has one it must not have, 2 if the tools are missing.
+a kernel lacks an instruction it promises, has one it must not have, has its wgmma serialized, or
+(3wg) does not start with the register count its setmaxnreg budgets are made for; 2 if the tools
+are missing.
 """
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ import glob
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import sysconfig
@@ -28,9 +32,10 @@ from dataclasses import dataclass
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-COUNTED = ("HGMMA", "UTMALDG", "UTMALDG_MULTICAST", "USETMAXREG", "LDGSTS", "LDL", "STL")
+COUNTED = ("HGMMA", "WGMMA_WAIT", "UTMALDG", "UTMALDG_MULTICAST", "USETMAXREG", "LDGSTS", "LDL", "STL")
 _PATTERNS = {
     "HGMMA": re.compile(r"\bHGMMA\b"),
+    "WGMMA_WAIT": re.compile(r"\bWARPGROUP\.DEPBAR\b"),
     "UTMALDG": re.compile(r"\bUTMALDG\b"),
     "UTMALDG_MULTICAST": re.compile(r"\bUTMALDG\S*MULTICAST"),
     "USETMAXREG": re.compile(r"\bUSETMAXREG\b"),
@@ -57,12 +62,20 @@ class Target:
     forbid: tuple[str, ...] = ("LDL", "STL")
     page_size: int = 64
     multicast: bool = True
+    registers: int | None = None  # the registers per thread the kernel must start with (None: any)
 
 
 # What each pipeline variant promises in its SASS, whatever the page size. 2wg: wgmma for QK and PV,
-# TMA for Q, no spills; it has no producer warpgroup, so no setmaxnreg.
+# TMA for Q, no spills; it has no producer warpgroup, so no setmaxnreg. 3wg: the same, plus the
+# register reallocation of its producer and consumer warpgroups (setmaxnreg, which ptxas drops
+# silently without min_blocks_per_mp=1); no spills in any of its three register budgets.
+# 3wg also promises its entry register count: its setmaxnreg budgets (pipelines.variant_3wg
+# REGISTERS_*) add up to exactly 3 x 168, the pool of 384 threads at 168 registers each; a kernel
+# that started with fewer would leave a consumer's setmaxnreg.inc waiting forever for registers.
 PROMISES = {
     "2wg": dict(need=("HGMMA", "UTMALDG"), forbid=("LDL", "STL", "USETMAXREG")),
+    "3wg": dict(need=("HGMMA", "UTMALDG", "USETMAXREG"), forbid=("LDL", "STL"),
+                registers=168),  # = pipelines.variant_3wg.ENTRY_REGISTERS (that module imports the DSL)
 }
 
 # (dtype, h_q, s_q, causal, page_size, multicast) of the decode kernels checked per variant: a 2-CTA
@@ -105,7 +118,8 @@ def targets(variants: list[str]) -> list[Target]:
                     f"p{page}{'' if multicast else ' mc-off'}")
             out.append(Target(name, "decode", v, dtype, h_q, s_q, causal,
                               need=tuple(dict.fromkeys(p["need"] + need)),
-                              forbid=tuple(dict.fromkeys(p["forbid"] + forbid)), page_size=page, multicast=multicast))
+                              forbid=tuple(dict.fromkeys(p["forbid"] + forbid)), page_size=page, multicast=multicast,
+                              registers=p.get("registers")))
     out.append(Target("merge bf16 h128 s_q1", "merge", None, "bfloat16", 128, 1, False, need=()))
     # The planner: one CTA of scalar code; its walk must stay in registers.
     out.append(Target("planner", "planner", None, "int32", 0, 0, False, need=()))
@@ -128,10 +142,20 @@ def count_sass(sass: str) -> dict[str, int]:
     return {k: len(_PATTERNS[k].findall(sass)) for k in COUNTED}
 
 
+# ptxas serializes a kernel's wgmma when it cannot keep the in-flight accumulators untouched
+# (register pressure, spills, control flow inside a wgmma group: infos C7510-C7515, which the DSL does
+# not show). It then waits after every HGMMA, so every kernel's overlap is gone while the results stay
+# right. Our kernels wait once per wgmma group (a QK of 36 k-steps, a P.V of 4), so more than one wait
+# per 4 HGMMA means serialized.
+MAX_WAITS_PER_HGMMA = 0.25
+
+
 def check_promises(counts: dict[str, int], need, forbid) -> list[str]:
     """Return the broken promises (empty if all hold)."""
     problems = [f"no {k}" for k in need if counts.get(k, 0) == 0]
     problems += [f"{counts[k]} {k}" for k in forbid if counts.get(k, 0) > 0]
+    if counts.get("HGMMA", 0) and counts.get("WGMMA_WAIT", 0) > MAX_WAITS_PER_HGMMA * counts["HGMMA"]:
+        problems.append(f"wgmma serialized ({counts['WGMMA_WAIT']} waits for {counts['HGMMA']} HGMMA)")
     return problems
 
 
@@ -150,6 +174,35 @@ def compile_target(t: Target, dump_dir: str):
     else:
         fn = launch.compile_planner(options=options)
     return fn.artifacts.CUBIN
+
+
+def cubin_registers(cubin: bytes) -> int | None:
+    """Registers per thread of the (one) kernel in a cubin: its EIATTR_REGCOUNT attribute (section
+    ``.nv.info``: entries of format byte, attribute byte, then for format 4 a u16 size and the value,
+    here (function symbol, count) as two u32). None if the cubin has none."""
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2:  # 64-bit ELF only
+        return None
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", cubin, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize) for i in range(shnum)]
+    strtab = headers[shstrndx][4]
+    for name_off, _, _, _, off, size, *_ in headers:
+        name = cubin[strtab + name_off:cubin.index(b"\0", strtab + name_off)]
+        if not name.startswith(b".nv.info"):
+            continue
+        pos = off
+        while pos < off + size:
+            fmt, attr = cubin[pos], cubin[pos + 1]
+            if fmt == 0x04:  # EIFMT_SVAL: u16 size, value
+                length, = struct.unpack_from("<H", cubin, pos + 2)
+                if attr == 0x2F:  # EIATTR_REGCOUNT
+                    return struct.unpack_from("<II", cubin, pos + 4)[1]
+                pos += 4 + length
+            elif fmt in (0x01, 0x02, 0x03):  # no value, u8, u16
+                pos += {0x01: 2, 0x02: 3, 0x03: 4}[fmt]
+            else:
+                break
+    return None
 
 
 def disassemble(nvdisasm: str, cubin: bytes, workdir: str) -> str:
@@ -178,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         print("compile_check: nvdisasm not found (pip install nvidia-cuda-nvdisasm)", file=sys.stderr)
         return 2
     failed = False
-    print(f"{'kernel':<36} {'compile s':>9} " + " ".join(f"{k:>17}" for k in COUNTED) + "  verdict")
+    print(f"{'kernel':<36} {'compile s':>9} {'regs':>5} " + " ".join(f"{k:>17}" for k in COUNTED) + "  verdict")
     for t in targets(variants):
         with tempfile.TemporaryDirectory() as tmp:
             work = args.keep or tmp
@@ -193,10 +246,13 @@ def main(argv: list[str] | None = None) -> int:
                     f.write(sass)
         counts = count_sass(sass)
         problems = check_promises(counts, t.need, t.forbid)
+        registers = cubin_registers(cubin)
+        if t.registers is not None and registers != t.registers:
+            problems.append(f"starts with {registers} registers per thread, not {t.registers}")
         failed |= bool(problems)
         verdict = "ok" if not problems else "FAIL: " + ", ".join(problems)
-        print(f"{t.name:<36} {secs:>9.1f} " + " ".join(f"{counts[k]:>17}" for k in COUNTED) + f"  {verdict}",
-              flush=True)
+        print(f"{t.name:<36} {secs:>9.1f} {registers if registers is not None else '?':>5} "
+              + " ".join(f"{counts[k]:>17}" for k in COUNTED) + f"  {verdict}", flush=True)
     return 1 if failed else 0
 
 

@@ -9,7 +9,7 @@ VARIANTS = ("2wg", "3wg")
 
 # Variants whose kernel exists. Every kernel loads K through the skeleton's paged-KV loaders, so each
 # serves every page size of ``pipelines.paged_kv.PAGE_SIZES`` (the one place they are stated).
-_WITH_KERNEL = ("2wg",)
+_WITH_KERNEL = ("2wg", "3wg")
 
 
 def available_variants() -> list[str]:

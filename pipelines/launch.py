@@ -66,6 +66,9 @@ def _kernel_class(variant: str):
     if variant == "2wg":
         from pipelines.variant_2wg import MLADecode2WG
         return MLADecode2WG
+    if variant == "3wg":
+        from pipelines.variant_3wg import MLADecode3WG
+        return MLADecode3WG
     raise NotImplementedError(f"pipeline {variant!r} has no kernel yet")
 
 

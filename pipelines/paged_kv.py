@@ -111,9 +111,12 @@ class PagedKVLoader:
 
     producer_warps: int
 
-    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1):
+    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
+                 rolled_boxes: bool = False):
         check_page_size(page_size)
         self.dtype = dtype
+        # TMA loader only: issue a tile's boxes in a loop instead of unrolled (see TmaPagedKV.load_tile).
+        self.rolled_boxes = rolled_boxes
         self.page_size = page_size
         self.head_dim = head_dim
         self.stages = stages
@@ -135,8 +138,9 @@ class TmaPagedKV(PagedKVLoader):
 
     producer_warps = 1  # one warp: the DSL's TMA issue elects one lane itself
 
-    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1):
-        super().__init__(dtype, page_size, head_dim, stages, cluster)
+    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
+                 rolled_boxes: bool = False):
+        super().__init__(dtype, page_size, head_dim, stages, cluster, rolled_boxes)
         if page_size not in TMA_PAGE_SIZES:
             raise ValueError(f"TMA loader serves page sizes {TMA_PAGE_SIZES}, got {page_size}")
         if TILE_TOKENS % cluster:
@@ -196,9 +200,20 @@ class TmaPagedKV(PagedKVLoader):
         rank = Int32(0)
         if const_expr(self.cluster > 1):
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        last_page = (seqlen - 1) // P  # the request's last valid page (the tile has >= 1 token)
+        if const_expr(self.rolled_boxes and self.boxes_per_cta > 1):
+            self._load_boxes_rolled(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head, rank)
+        else:
+            self._load_boxes_unrolled(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
+                                      rank)
+
+    @cute.jit
+    def _load_boxes_unrolled(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
+                             rank):
+        P = self.page_size
+        box = self.box_rows
         # Page ids first: the block_table loads of all boxes go out together, before the wait for the
         # stage, instead of one dependent load ahead of each box's TMA.
-        last_page = (seqlen - 1) // P  # the request's last valid page (the tile has >= 1 token)
         pages = cute.make_rmem_tensor(self.boxes_per_cta, Int32)
         for b in cutlass.range_constexpr(self.boxes_per_cta):
             token = blk * TILE_TOKENS + (rank * self.boxes_per_cta + b) * box
@@ -218,6 +233,33 @@ class TmaPagedKV(PagedKVLoader):
                 cute.copy(tma_k, tKgK[None, in_page, kv_head, pages[b]], tKsK[None, box_idx, state.index],
                           tma_bar_ptr=bar)
 
+    @cute.jit
+    def _load_boxes_rolled(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head, rank):
+        """The boxes in a loop, one per iteration, for a producer with few registers (3wg's producer
+        warpgroup). Unrolled, every box's 9 TMA issues (a 576-column box is 9 swizzle-wide copies,
+        each behind its own elect) get their descriptor math hoisted together, and 2 or 4 boxes then
+        need far more than 40-56 registers per thread. The page ids still go out together, before
+        the stage wait: lane b loads box b's page id, and iteration b takes it with a shuffle (a
+        dynamic index into a register array would go to local memory)."""
+        P = self.page_size
+        box = self.box_rows
+        lane_box = cutlass.min(cute.arch.lane_idx(), self.boxes_per_cta - 1)  # lanes past the boxes repeat the last
+        token = blk * TILE_TOKENS + (rank * self.boxes_per_cta + lane_box) * box
+        lane_page = mBlockTable[r, cutlass.min(token // P, last_page)]  # past the end: the last valid page
+        pipe.producer_acquire(state)
+        bar = pipe.producer_get_barrier(state)
+        for b in cutlass.range(self.boxes_per_cta, unroll=1):
+            page = cute.arch.shuffle_sync(lane_page, b)
+            box_idx = rank * self.boxes_per_cta + b
+            token = blk * TILE_TOKENS + box_idx * box
+            in_page = (token % P) // box
+            if const_expr(self.cluster > 1):
+                cute.copy(tma_k, tKgK[None, in_page, kv_head, page], tKsK[None, box_idx, state.index],
+                          tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1))
+            else:
+                cute.copy(tma_k, tKgK[None, in_page, kv_head, page], tKsK[None, box_idx, state.index],
+                          tma_bar_ptr=bar)
+
 
 class GatherPagedKV(PagedKVLoader):
     """16-byte cp.async gather of each token row; issued by ``producer_warps`` warps (128 threads)."""
@@ -225,8 +267,9 @@ class GatherPagedKV(PagedKVLoader):
     producer_warps = 4
     threads_per_row = 8  # 8 x 16 B = one 128-byte swizzle row per warp quarter: full sectors, no bank conflicts
 
-    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1):
-        super().__init__(dtype, page_size, head_dim, stages, cluster)
+    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
+                 rolled_boxes: bool = False):
+        super().__init__(dtype, page_size, head_dim, stages, cluster, rolled_boxes)
         if page_size not in GATHER_PAGE_SIZES:
             raise ValueError(f"gather loader serves page sizes {GATHER_PAGE_SIZES}, got {page_size}")
         if cluster != 1:
@@ -295,7 +338,9 @@ class GatherPagedKV(PagedKVLoader):
         pipe.producer_commit(state)  # cp.async.mbarrier.arrive.noinc: arrives when this thread's copies land
 
 
-def make_loader(dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1) -> PagedKVLoader:
-    """The loader for ``page_size`` (TMA for >= 16, cp.async gather below)."""
+def make_loader(dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
+                rolled_boxes: bool = False) -> PagedKVLoader:
+    """The loader for ``page_size`` (TMA for >= 16, cp.async gather below). ``rolled_boxes``: issue a
+    TMA tile's boxes in a loop (for a producer with few registers; no effect on the gather)."""
     cls = TmaPagedKV if uses_tma(page_size) else GatherPagedKV
-    return cls(dtype, page_size, head_dim, stages, cluster)
+    return cls(dtype, page_size, head_dim, stages, cluster, rolled_boxes)

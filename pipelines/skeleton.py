@@ -19,8 +19,9 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
+import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync
+from cutlass.cute.nvgpu import cpasync, warpgroup
 
 from pipelines import layouts, paged_kv
 
@@ -35,6 +36,7 @@ class MLADecodeBase:
 
     num_threads = 256
     kv_stages = 2
+    rolled_boxes = False  # TMA boxes of a tile issued in a loop (a producer with few registers: 3wg)
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True):
@@ -54,7 +56,8 @@ class MLADecodeBase:
         paged_kv.check_page_size(page_size)
         # CTAs per cluster along grid x (m-blocks of one plan part share every K tile): 1 or 2.
         self.cluster = paged_kv.cluster_size(page_size, self.num_m_blocks, multicast)
-        self.loader = paged_kv.make_loader(dtype, page_size, HEAD_DIM, self.kv_stages, self.cluster)
+        self.loader = paged_kv.make_loader(dtype, page_size, HEAD_DIM, self.kv_stages, self.cluster,
+                                           self.rolled_boxes)
 
     # ------------------------------------------------------------------ host
     @cute.jit
@@ -176,13 +179,9 @@ class MLADecodeBase:
         else:
             cute.arch.sync_threads()
 
-        meta = mMeta[part, None]
-        begin_req = meta[0]
-        begin_block = meta[1]
-        end_req = meta[2]
-        end_block = meta[3]
-        begin_split = meta[4]
-        self.warpgroup_roles(tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
+        # The roles read this CTA's work list themselves (``work_list``): a variant that resizes its
+        # warpgroups' registers (setmaxnreg) reads it after doing so.
+        self.warpgroup_roles(tidx, m_block, kv_head, mMeta,
                              tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
                              mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2)
         if const_expr(self.cluster > 1):
@@ -205,7 +204,30 @@ class MLADecodeBase:
         pipe_k = self.loader.make_pipeline(storage.mbar_k.data_ptr(), self.k_consumer_warps)
         return pipe_q, pipe_k
 
+    def tiled_mmas(self):
+        """The three wgmma shapes of both designs: QK (64x64, Q and K from smem), P.V for 256 output
+        columns with P from registers (RS) and with P from smem (SS); V is MN-major (the K tile read
+        transposed)."""
+        mma_qk = sm90.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
+            (1, 1, 1), (BLOCK_M, BLOCK_N))
+        mma_pv_rs = sm90.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+            (1, 1, 1), (BLOCK_M, HEAD_DIM_V // 2), warpgroup.OperandSource.RMEM)
+        mma_pv_ss = sm90.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
+            (1, 1, 1), (BLOCK_M, HEAD_DIM_V // 2))
+        return mma_qk, mma_pv_rs, mma_pv_ss
+
     # ------------------------------------------------------- chunk helpers
+    @cute.jit
+    def work_list(self, mMeta: cute.Tensor):
+        """``(begin_req, begin_block, end_req, end_block, begin_split)``: this CTA's row of the split
+        plan (grid y = plan part; docs/interfaces.md)."""
+        _, part, _ = cute.arch.block_idx()
+        meta = mMeta[part, None]
+        return meta[0], meta[1], meta[2], meta[3], meta[4]
+
     @cute.jit
     def chunk_bounds(self, r: Int32, begin_req: Int32, begin_block: Int32, end_req: Int32, end_block: Int32,
                      begin_split: Int32, mSeqlens: cute.Tensor, mNumSplits: cute.Tensor):

@@ -18,7 +18,6 @@ from __future__ import annotations
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
@@ -39,22 +38,10 @@ class MLADecode2WG(MLADecodeBase):
     q_consumer_warps = 4  # WG0 alone reads Q
     k_consumer_warps = 8  # both warpgroups read every K tile
 
-    def _mmas(self):
-        mma_qk = sm90.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
-            (1, 1, 1), (BLOCK_M, BLOCK_N))
-        mma_pv_rs = sm90.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
-            (1, 1, 1), (BLOCK_M, HALF), warpgroup.OperandSource.RMEM)
-        mma_pv_ss = sm90.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
-            (1, 1, 1), (BLOCK_M, HALF))
-        return mma_qk, mma_pv_rs, mma_pv_ss
-
     @cute.jit
-    def warpgroup_roles(self, tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-                        tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
-                        mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
+    def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
+                        mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
+        begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
         wg = tidx // 128
         wg_tidx = tidx % 128
         # V^T halves viewed in place from the K stages (MN-major B operand, no copy).
@@ -80,7 +67,7 @@ class MLADecode2WG(MLADecodeBase):
     def wg0_qk_softmax_pv(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0, s_row_scale,
                           s_row_inv, pipe_q, pipe_k, scale_log2):
-        mma_qk, mma_pv_rs, _ = self._mmas()
+        mma_qk, mma_pv_rs, _ = self.tiled_mmas()
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         thr_qk = mma_qk.get_slice(wg_tidx)
@@ -180,7 +167,7 @@ class MLADecode2WG(MLADecodeBase):
     def wg1_load_pv(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                     tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
                     sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k):
-        _, _, mma_pv_ss = self._mmas()
+        _, _, mma_pv_ss = self.tiled_mmas()
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         thr_pv = mma_pv_ss.get_slice(wg_tidx)
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))

@@ -16,12 +16,23 @@ def test_count_sass_and_promises():
     assert compile_check.check_promises(counts, ("USETMAXREG",), ("LDL",)) == ["no USETMAXREG", "1 LDL"]
 
 
+def test_serialized_wgmma_breaks_a_promise():
+    # ptxas's fallback: a wait after every HGMMA. One wait per wgmma group is the normal shape.
+    serialized = "HGMMA.64x64x16.F32.BF16 R0\n WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n" * 8
+    counts = compile_check.count_sass(serialized)
+    assert counts["HGMMA"] == 8 and counts["WGMMA_WAIT"] == 8
+    assert compile_check.check_promises(counts, ("HGMMA",), ()) == ["wgmma serialized (8 waits for 8 HGMMA)"]
+    grouped = "HGMMA.64x64x16.F32.BF16 R0\n" * 8 + " WARPGROUP.DEPBAR.LE gsb0, 0x1 ;\n WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n"
+    assert compile_check.check_promises(compile_check.count_sass(grouped), ("HGMMA",), ()) == []
+
+
 @pytest.mark.skipif(compile_check.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
-def test_2wg_compiles_with_its_promises(capsys):
-    rc = compile_check.main(["--variant", "2wg"])
+@pytest.mark.parametrize("variant", sorted(compile_check.PROMISES))
+def test_variant_compiles_with_its_promises(variant, capsys):
+    rc = compile_check.main(["--variant", variant])
     out = capsys.readouterr().out
     assert rc == 0, out
-    rows = [line for line in out.splitlines() if line.startswith("2wg")]
+    rows = [line for line in out.splitlines() if line.startswith(variant + " ")]
     assert len(rows) == len(compile_check.DECODE_CONFIGS) and all(line.endswith("ok") for line in rows), out
     assert "merge" in out
     planner_rows = [line for line in out.splitlines() if line.startswith("planner")]
@@ -34,6 +45,27 @@ def test_2wg_compiles_with_its_promises(capsys):
     assert multicast_rows and all(count(r, "UTMALDG_MULTICAST") > 0 for r in multicast_rows), out
     gather_rows = [r for r in rows if " p1 " in r]
     assert gather_rows and all(count(r, "LDGSTS") > 0 for r in gather_rows), out
+    # 3wg resizes its warpgroups' registers (one decrease, one increase per consumer warpgroup) from
+    # exactly the 168 per thread its budgets are made for; 2wg has no producer warpgroup.
+    assert all((count(r, "USETMAXREG") > 0) == (variant == "3wg") for r in rows), out
+    if variant == "3wg":
+        assert all(r.split()[-2 - len(compile_check.COUNTED)] == "168" for r in rows), out
+
+
+def test_3wg_register_promise_matches_its_budgets():
+    from pipelines import variant_3wg
+
+    assert compile_check.PROMISES["3wg"]["registers"] == variant_3wg.ENTRY_REGISTERS == 65536 // 384 // 8 * 8
+    for budget in (variant_3wg.REGISTERS_TMA, variant_3wg.REGISTERS_GATHER):
+        assert sum(budget) == 3 * variant_3wg.ENTRY_REGISTERS and all(r % 8 == 0 and 24 <= r <= 256 for r in budget)
+
+
+def test_every_variant_with_a_kernel_has_promises():
+    import pipelines
+
+    assert set(pipelines.available_variants()) <= set(compile_check.PROMISES)
+    for t in [t for t in compile_check.targets(["3wg"]) if t.variant == "3wg"]:
+        assert "USETMAXREG" in t.need and {"LDL", "STL"} <= set(t.forbid), t
 
 
 def test_loader_promises():

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+import pipelines
 from mla.testing import make_decode_problem
 
 
@@ -30,7 +31,8 @@ def make_paged_case(seqlens, s_q, h_q, *, h_kv=1, page_size=64, dtype=torch.bflo
 
 pytestmark = pytest.mark.gpu
 
-VARIANTS = ["2wg"]
+# Every pipeline with a kernel runs every case: a registered variant must pass them all.
+VARIANTS = pipelines.available_variants()
 
 # (seqlens, s_q, h_q, causal, dtype)
 CASES = [
