@@ -9,7 +9,10 @@ VARIANTS = ("2wg", "3wg")
 
 # Variants whose kernel exists. Every kernel loads K through the skeleton's paged-KV loaders, so each
 # serves every page size of ``pipelines.paged_kv.PAGE_SIZES`` (the one place they are stated).
-_WITH_KERNEL = ("2wg", "3wg")
+# 3wg (pipelines/variant_3wg.py) compiles with its promises but is not registered: on an H200
+# (2026-11-22) it passed `python -m mla` at pages 1-128 and memcheck/synccheck, but 41 of 78 GPU
+# tests hit "illegal instruction" (first failures: split requests, several chunks per CTA).
+_WITH_KERNEL = ("2wg",)
 
 
 def available_variants() -> list[str]:
