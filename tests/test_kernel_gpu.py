@@ -68,20 +68,8 @@ def _ids():
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", CASES, ids=_ids())
 def test_decode_matches_reference(variant, case):
-    import mla
-    from mla.reference import compare_to_reference, mla_decode_reference
-
     seqlens, s_q, h_q, causal, dtype = case
-    q, k_cache, block_table, cache_seqlens = make_paged_case(seqlens, s_q, h_q, dtype=dtype,
-                                                             seed=hash((tuple(seqlens), s_q, h_q)) % 1000)
-    meta, num_splits = mla.get_mla_metadata(cache_seqlens, s_q * h_q, 1)
-    out = torch.full((len(seqlens), s_q, h_q, 512), float("nan"), dtype=dtype, device="cuda")
-    out, lse = mla.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, meta, num_splits,
-                                          causal=causal, pipeline=variant, out=out)
-    torch.cuda.synchronize()
-    ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, cache_seqlens, causal=causal)
-    cmp = compare_to_reference(out, lse, ref_out, ref_lse)
-    assert cmp.ok, cmp.message
+    _check_decode(variant, seqlens, s_q, h_q, causal, dtype, 64, seed=hash((tuple(seqlens), s_q, h_q)) % 1000)
 
 
 # Several kv heads (FlashMLA's grouping: query head h reads kv head h // (h_q / h_kv)):
@@ -99,20 +87,8 @@ KV_HEAD_CASES = [
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("case", KV_HEAD_CASES, ids=lambda c: f"b{len(c[0])}-sq{c[1]}-h{c[2]}-hkv{c[3]}")
 def test_several_kv_heads_match_reference(variant, case):
-    import mla
-    from mla.reference import compare_to_reference, mla_decode_reference
-
     seqlens, s_q, h_q, h_kv, causal, dtype = case
-    q, k_cache, block_table, cache_seqlens = make_paged_case(seqlens, s_q, h_q, h_kv=h_kv, dtype=dtype,
-                                                             seed=len(seqlens) + h_kv)
-    meta, num_splits = mla.get_mla_metadata(cache_seqlens, s_q * h_q // h_kv, h_kv)
-    out = torch.full((len(seqlens), s_q, h_q, 512), float("nan"), dtype=dtype, device="cuda")
-    out, lse = mla.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, meta, num_splits,
-                                          causal=causal, pipeline=variant, out=out)
-    torch.cuda.synchronize()
-    ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, cache_seqlens, causal=causal)
-    cmp = compare_to_reference(out, lse, ref_out, ref_lse)
-    assert cmp.ok, cmp.message
+    _check_decode(variant, seqlens, s_q, h_q, causal, dtype, 64, h_kv=h_kv, seed=len(seqlens) + h_kv)
 
 
 # Page sizes: every case below at every page size of the list, each loader path and box shape
