@@ -51,7 +51,10 @@ def workspace_numel(batch_size: int, num_parts: int, rows: int) -> int:
     """fp32 elements of the split-kv workspace ``run_decode`` takes: ``(b + num_parts) * rows * 513``
     (``o_accum [b + num_parts, rows, 512]`` then ``lse_accum [b + num_parts, rows]``, one buffer;
     ``rows = s_q * h_q``). See docs/interfaces.md, "Workspace"."""
-    return (batch_size + num_parts) * rows * 513
+    from split_k.planner import workspace_shapes  # the one definition of the two shapes
+
+    o_shape, lse_shape = workspace_shapes(batch_size, num_parts, rows)
+    return o_shape[0] * o_shape[1] * o_shape[2] + lse_shape[0] * lse_shape[1]
 
 
 def decode_launcher(variant: str, dtype, num_heads_q: int, seqlen_q: int, page_size: int, causal: bool,

@@ -118,7 +118,7 @@ class DecodeConfig:
 
 def _fake(dtype, rank: int, stride_div: int = 1):
     """Fully symbolic fake tensor (every extent and every non-unit stride), for the standalone
-    kernel compiles of ``compile_decode``/``compile_merge``. ``stride_div`` (elements) is the
+    kernel compile of ``compile_merge``. ``stride_div`` (elements) is the
     alignment promised for the non-unit strides (16 B for TMA)."""
     shape = tuple(cute.sym_int32() for _ in range(rank))
     stride = tuple(cute.sym_int64(divisibility=stride_div) for _ in range(rank - 1)) + (1,)
@@ -292,20 +292,6 @@ def decode_launcher(config: DecodeConfig):
 
 
 # ------------------------------------------------------- standalone kernels (compile_check)
-
-def compile_decode(variant: str, dtype: str, num_heads: int, seqlen_q: int, page_size: int, causal: bool,
-                   num_heads_k: int = 1, multicast: bool = True, options: str | None = None):
-    """The decode kernel alone (no TVM-FFI, no cache), for SASS checks."""
-    c = DecodeConfig.make(variant, dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, multicast)
-    cdt = _cute_dtype(c.dtype)
-    kernel = _kernel_class(variant)(cdt, num_heads, seqlen_q, page_size, c.causal, num_heads_k,
-                                    multicast=c.cluster > 1)
-    i32, f32 = cutlass.Int32, cutlass.Float32
-    args = (_fake(cdt, 4, 8), _fake(cdt, 4, 8), _fake(i32, 2), _fake(i32, 1), _fake(i32, 2), _fake(i32, 1),
-            _fake(cdt, 4, 8), _fake(f32, 3), _fake(f32, 3, 8), _fake(f32, 2), f32(1.0),
-            cute.runtime.make_fake_stream())
-    return cute.compile(kernel, *args) if options is None else cute.compile(kernel, *args, options=options)
-
 
 def compile_merge(dtype: str, num_heads: int, seqlen_q: int, options: str | None = None):
     """The split-kv merge kernel alone, for ``python -m mla.compile_check``."""
