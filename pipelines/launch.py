@@ -201,7 +201,9 @@ class DecodeEntry:
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                     o_accum, lse_accum, softmax_scale, stream)
         # Second stage: requests with one chunk were written by the main kernel; the merge skips them.
-        self.merge(o_accum, lse_accum, num_splits, out, lse, stream)
+        # Chained by programmatic dependent launch: the main kernel lets it be scheduled as soon as
+        # every main CTA runs, so its launch overlaps the main kernel instead of following it.
+        self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, stream, use_pdl=True)
 
 
 def compile_entry(config: DecodeConfig, options: str | None = None):
@@ -298,7 +300,8 @@ def compile_merge(dtype: str, num_heads: int, seqlen_q: int, options: str | None
     from split_k.merge_kernel import SplitMerge
     cdt = _cute_dtype(dtype)
     f32 = cutlass.Float32
-    args = (_fake(f32, 3, 8), _fake(f32, 2), _fake(cutlass.Int32, 1), _fake(cdt, 4, 8), _fake(f32, 3),
+    meta = make_fake_tensor(cutlass.Int32, (cute.sym_int32(), 8), (8, 1), assumed_align=4)
+    args = (_fake(f32, 3, 8), _fake(f32, 2), _fake(cutlass.Int32, 1), meta, _fake(cdt, 4, 8), _fake(f32, 3),
             cute.runtime.make_fake_stream())
     kernel = SplitMerge(cdt, num_heads, seqlen_q)
     return cute.compile(kernel, *args) if options is None else cute.compile(kernel, *args, options=options)

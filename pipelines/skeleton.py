@@ -162,6 +162,11 @@ class MLADecodeBase:
             if const_expr(tma_k is not None):
                 cpasync.prefetch_descriptor(tma_k)
 
+        # Let the split-kv merge grid (launched with programmatic dependent launch) be scheduled now:
+        # its CTAs read the plan and wait in griddepcontrol.wait for this grid to finish, so the
+        # merge's launch latency hides behind this kernel. No-op when nothing depends on this grid.
+        cute.arch.griddepcontrol_launch_dependents()
+
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         # Layouts come in as kernel arguments: IR values built on the host side cannot be captured.

@@ -160,3 +160,29 @@ def test_split_reference_with_several_kv_heads(h_kv, h_q):
     num_splits, lse_accum = _split_vs_unsplit([1500, 0, 700], 2, h_q, causal=True, num_sms=33, seed=23, h_kv=h_kv)
     assert lse_accum.shape[1] == 2 * h_q
     assert (num_splits[1:] - num_splits[:-1]).max() > 1  # something was really split
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_merge_kernel_units_cover_every_split_row_once(seed):
+    """The merge kernel's slot/unit indexing (split_k.merge_kernel.unit_assignment, the kernel's
+    rule in Python) covers every column of every row of every split request exactly once, and
+    never an unsplit request, for random plans of every shape."""
+    from split_k import merge_kernel, planner
+    rng = random.Random(seed)
+    b = rng.choice([1, 1, 2, 3, 8, 17, 64, 128, 300])
+    lengths = [rng.choice([0, 1, 64, 65, 1000, 4096, 16384, rng.randrange(0, 70000)]) for _ in range(b)]
+    rows = rng.choice([1, 16, 32, 64, 128, 256, 512])
+    num_parts = rng.choice([1, 2, 7, 33, 66, 132])
+    meta, splits = planner.plan(lengths, num_parts)
+    work = merge_kernel.unit_assignment(meta, splits, rows)
+    seen = {}
+    for items in work.values():
+        for r, row, c0, nc in items:
+            for c in range(c0, c0 + nc, 128):
+                key = (r, row, c)
+                assert key not in seen, f"unit {key} merged twice"
+                seen[key] = 1
+    splits = splits.tolist()
+    want = {(r, row, c) for r in range(b) if splits[r + 1] - splits[r] > 1
+            for row in range(rows) for c in range(0, 512, 128)}
+    assert set(seen) == want
