@@ -66,6 +66,8 @@ def _env_reader(name: str):
 
 _pipeline_env_raw = _env_reader(PIPELINE_ENV_VAR)
 _multicast_env_raw = _env_reader(MULTICAST_ENV_VAR)
+PARTIAL_ENV_VAR = "MLA_PARTIAL_DTYPE"  # pipelines.launch reads it when a kernel is looked up
+_partial_env_raw = _env_reader(PARTIAL_ENV_VAR)
 
 
 def resolve_pipeline(pipeline: str = "auto") -> str:
@@ -312,9 +314,9 @@ def _workspace_numel(shape: validate.DecodeShape, num_parts: int) -> int:
     return pipelines.workspace_numel(shape.batch_size, num_parts, shape.s_q * shape.h_q)
 
 
-def _launcher(variant: str, shape: validate.DecodeShape):
+def _launcher(variant: str, shape: validate.DecodeShape, partial_dtype=None):
     return pipelines.decode_launcher(variant, shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal,
-                                     shape.h_kv)
+                                     shape.h_kv, partial=partial_dtype)
 
 
 @dataclass(frozen=True)
@@ -357,7 +359,7 @@ def _flash_key(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v, til
         plan = (tile_scheduler_metadata.shape, tile_scheduler_metadata.stride(), tile_scheduler_metadata.dtype,
                 num_splits.shape, num_splits.stride(), num_splits.dtype,
                 getattr(tile_scheduler_metadata, "_mla_plan_info", None))
-    return (pipeline, _pipeline_env_raw() if pipeline == "auto" else None, _multicast_env_raw(),
+    return (pipeline, _pipeline_env_raw() if pipeline == "auto" else None, _multicast_env_raw(), _partial_env_raw(),
             q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype,
             block_table.shape, block_table.stride(), block_table.dtype,
             cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
@@ -520,11 +522,21 @@ class MLADecoder:
         out, lse = dec.run(q, k_cache, block_table, cache_seqlens, out=out)
     """
 
-    def __init__(self, pipeline: str = "auto", *, num_sms: int | None = None, planner: str = "auto"):
+    def __init__(self, pipeline: str = "auto", *, num_sms: int | None = None, planner: str = "auto",
+                 partial_dtype=None):
         """``pipeline``: ``"auto"``/``"2wg"``/``"3wg"`` (resolved now, ``MLA_PIPELINE`` read now);
         ``num_sms``: SM count to plan for (default: the device's); ``planner``: ``"auto"``/
         ``"device"``/``"host"`` (see ``get_mla_metadata``; ``"auto"`` is the kernel for lengths on the
-        planned CUDA device, the host planner otherwise)."""
+        planned CUDA device, the host planner otherwise); ``partial_dtype``: dtype of the split-kv
+        partial outputs, ``"float32"``, ``"input"`` (q's dtype: half the partial traffic) or q's
+        torch dtype; None: the ``MLA_PARTIAL_DTYPE`` environment variable, else float32. (Under
+        ``torch.compile`` the launch goes through ``torch.ops.mla.decode``, whose schema has no
+        partial dtype: it follows ``MLA_PARTIAL_DTYPE``.)"""
+        if partial_dtype is not None:
+            name = str(partial_dtype).replace("torch.", "")
+            if name not in ("float32", "input", "bfloat16", "float16"):
+                raise ValueError(f"partial_dtype must be 'float32', 'input' or q's torch dtype, got {partial_dtype!r}")
+        self._partial = partial_dtype
         self.variant = resolve_pipeline(pipeline)
         self._num_sms = num_sms
         self._planner = check_planner(planner)
@@ -590,7 +602,7 @@ class MLADecoder:
             _check_device_plan(cache_seqlens, parts)
         # The first plan of a configuration loads (or compiles) its kernel; later ones, captured
         # in a CUDA graph included, find it in memory.
-        launch = _launcher(self.variant, shape)
+        launch = _launcher(self.variant, shape, self._partial)  # ValueError: partial_dtype is not q's dtype
         reuse = self._reusable(shape, parts)
         if reuse:
             metadata, num_splits = self.tile_scheduler_metadata, self.num_splits

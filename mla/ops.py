@@ -57,7 +57,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, ca
     args = (q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace)
     try:  # the signature, as mla.api keys it: every tensor's shape, strides and dtype, q's device
         key = (tuple(api._sig(t) for t in args), q.device, type(softmax_scale), softmax_scale, type(causal), causal,
-               pipeline, api._pipeline_env_raw() if pipeline == "auto" else None, api._multicast_env_raw())
+               pipeline, api._pipeline_env_raw() if pipeline == "auto" else None, api._multicast_env_raw(), api._partial_env_raw())
         launch = _CALLS.get(key)
     except (AttributeError, TypeError):  # non-tensors, unhashables: the checks name them
         key = launch = None

@@ -59,6 +59,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--multicast", choices=("env", "on", "off", "both"), default="env",
                         help="TMA multicast clusters (where a configuration has one): as MLA_MULTICAST says "
                              "(default: what decodes in this environment will ask for), on, off, or both")
+    parser.add_argument("--partial", choices=("env", "float32", "input", "both"), default="env",
+                        help="split-kv partial dtype: as MLA_PARTIAL_DTYPE says (default: float32), fp32, "
+                             "the input dtype, or both")
     parser.add_argument("--no-planner", action="store_true", help="leave out the split planner kernel")
     parser.add_argument("--jobs", type=_positive, default=None,
                         help="compiles in parallel (processes); default: min(entries, cores / 2, 8)")
@@ -80,6 +83,9 @@ def plan_configs(args: argparse.Namespace) -> tuple[list, list[str]]:
 
     multicast = {"env": (paged_kv.multicast_enabled(),), "on": (True,), "off": (False,),
                  "both": (True, False)}[args.multicast]
+    from pipelines.launch import partial_from_env
+    partials = {"env": (partial_from_env(),), "float32": ("float32",), "input": ("input",),
+                "both": ("float32", "input")}[getattr(args, "partial", "env")]
     available = pipelines.available_variants()
     variants = args.pipeline or available
     for v in variants:
@@ -110,8 +116,9 @@ def plan_configs(args: argparse.Namespace) -> tuple[list, list[str]]:
                                 continue
                             for causal in (_CAUSAL[args.causal] if s_q > 1 else (False,)):
                                 for mc in multicast:
-                                    configs.append(DecodeConfig.make(variant, dtype, h_q, s_q, page, causal, h_kv,
-                                                                     mc))
+                                    for partial in partials:
+                                        configs.append(DecodeConfig.make(variant, dtype, h_q, s_q, page, causal,
+                                                                         h_kv, mc, partial))
     return list(dict.fromkeys(configs)), skipped
 
 

@@ -58,20 +58,24 @@ def workspace_numel(batch_size: int, num_parts: int, rows: int) -> int:
 
 
 def decode_launcher(variant: str, dtype, num_heads_q: int, seqlen_q: int, page_size: int, causal: bool,
-                    num_heads_k: int = 1, multicast: bool | None = None):
+                    num_heads_k: int = 1, multicast: bool | None = None, partial=None):
     """The compiled decode of one static configuration, from memory, the on-disk kernel cache, or a
     fresh compile (seconds, once per machine). Returns a callable ``(q, k_cache, block_table,
     cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace, softmax_scale)`` that
     launches the decode kernel and the split-kv merge on the current torch stream, with no host
     synchronisation and no allocation. Inputs must already be validated by ``mla``.
-    ``multicast``: allow a TMA multicast cluster; None reads ``MLA_MULTICAST`` now."""
+    ``multicast``: allow a TMA multicast cluster; None reads ``MLA_MULTICAST`` now.
+    ``partial``: dtype of the split-kv partials, ``"float32"``, ``"input"`` (q's dtype) or that dtype;
+    None reads ``MLA_PARTIAL_DTYPE`` now (default float32)."""
     _require_kernel(variant)
     from pipelines import paged_kv
-    from pipelines.launch import DecodeConfig, decode_launcher as _launcher
+    from pipelines.launch import DecodeConfig, decode_launcher as _launcher, partial_from_env
     if multicast is None:
         multicast = paged_kv.multicast_enabled()
+    if partial is None:
+        partial = partial_from_env()
     return _launcher(DecodeConfig.make(variant, dtype, num_heads_q, seqlen_q, page_size, causal, num_heads_k,
-                                       multicast))
+                                       multicast, partial))
 
 
 def run_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,

@@ -62,6 +62,32 @@ def dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
+PARTIAL_CHOICES = ("float32", "input")
+"""Split-kv partial dtypes: fp32, or the input dtype (16-bit: half the partial traffic)."""
+DEFAULT_PARTIAL = "float32"
+PARTIAL_ENV_VAR = "MLA_PARTIAL_DTYPE"
+
+
+def partial_from_env() -> str:
+    """The ``MLA_PARTIAL_DTYPE`` switch: unset: ``DEFAULT_PARTIAL``; ``float32`` or ``input``;
+    anything else is a ValueError naming the variable."""
+    value = os.environ.get(PARTIAL_ENV_VAR, DEFAULT_PARTIAL)
+    if value not in PARTIAL_CHOICES:
+        raise ValueError(f"{PARTIAL_ENV_VAR} must be one of {PARTIAL_CHOICES} (or unset), got {value!r}")
+    return value
+
+
+def partial_name(dtype, partial=None) -> str:
+    """The partial dtype's name for inputs of ``dtype``: ``partial`` is None (``DEFAULT_PARTIAL``),
+    ``"float32"``, ``"input"`` or the input dtype itself (torch dtype or name)."""
+    name = DEFAULT_PARTIAL if partial is None else dtype_name(partial)
+    if name == "input":
+        name = dtype_name(dtype)
+    if name not in ("float32", dtype_name(dtype)):
+        raise ValueError(f"partial dtype must be float32 or the input dtype ({dtype_name(dtype)}), got {partial!r}")
+    return name
+
+
 def _kernel_class(variant: str):
     if variant == "2wg":
         from pipelines.variant_2wg import MLADecode2WG
@@ -87,17 +113,21 @@ class DecodeConfig:
     causal: bool
     num_heads_k: int = 1
     cluster: int = 1
+    partial: str = "float32"  # dtype of the split-kv partial outputs: "float32" or ``dtype``
 
     @classmethod
     def make(cls, variant: str, dtype, num_heads_q: int, seqlen_q: int, page_size: int, causal: bool,
-             num_heads_k: int = 1, multicast: bool = True) -> "DecodeConfig":
+             num_heads_k: int = 1, multicast: bool = True, partial=None) -> "DecodeConfig":
+        """``partial``: dtype of the split-kv partials, ``"float32"`` or the input dtype (None: the
+        default, ``DEFAULT_PARTIAL``)."""
         from pipelines import paged_kv
 
         # m-blocks per kv head: a CTA's rows are the heads_per_kv * s_q rows of one kv head.
         m_blocks = -(-(int(num_heads_q) // int(num_heads_k)) * int(seqlen_q) // 64)
         return cls(variant, dtype_name(dtype), int(num_heads_q), int(seqlen_q), int(page_size),
                    bool(causal) and seqlen_q > 1, int(num_heads_k),
-                   paged_kv.cluster_size(int(page_size), m_blocks, bool(multicast)))
+                   paged_kv.cluster_size(int(page_size), m_blocks, bool(multicast)),
+                   partial_name(dtype, partial))
 
     @property
     def rows(self) -> int:
@@ -181,7 +211,8 @@ class DecodeEntry:
         self.rows = c.rows
         self.decode = _kernel_class(c.variant)(cdt, c.num_heads_q, c.seqlen_q, c.page_size, c.causal, c.num_heads_k,
                                                multicast=c.cluster > 1)
-        self.merge = SplitMerge(cdt, c.num_heads_q, c.seqlen_q)
+        self.partial_dtype = cutlass.Float32 if c.partial == "float32" else cdt
+        self.merge = SplitMerge(cdt, c.num_heads_q, c.seqlen_q, self.partial_dtype)
 
     @cute.jit
     def __call__(self, q: cute.Tensor, k_cache: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,
@@ -194,7 +225,11 @@ class DecodeEntry:
         # without the divisibility the merge kernel could not prove its 16-byte loads aligned.
         split_stride = cute.assume(cutlass.Int64(rows * HEAD_DIM_V), divby=HEAD_DIM_V)
         row_stride = cute.assume(cutlass.Int64(HEAD_DIM_V), divby=HEAD_DIM_V)
-        o_accum = cute.make_tensor(workspace.iterator, cute.make_layout(
+        # 16-bit partials use the front half of the same fp32 region (lse_accum stays where it is).
+        o_ptr = workspace.iterator
+        if cutlass.const_expr(self.partial_dtype is not cutlass.Float32):
+            o_ptr = cute.recast_ptr(workspace.iterator, dtype=self.partial_dtype)
+        o_accum = cute.make_tensor(o_ptr, cute.make_layout(
             (n, rows, HEAD_DIM_V), stride=(split_stride, row_stride, 1)))
         lse_accum = cute.make_tensor(workspace.iterator + cutlass.Int64(n) * (rows * HEAD_DIM_V), cute.make_layout(
             (n, rows), stride=(rows, 1)))
@@ -295,15 +330,16 @@ def decode_launcher(config: DecodeConfig):
 
 # ------------------------------------------------------- standalone kernels (compile_check)
 
-def compile_merge(dtype: str, num_heads: int, seqlen_q: int, options: str | None = None):
+def compile_merge(dtype: str, num_heads: int, seqlen_q: int, options: str | None = None, partial: str = "float32"):
     """The split-kv merge kernel alone, for ``python -m mla.compile_check``."""
     from split_k.merge_kernel import SplitMerge
     cdt = _cute_dtype(dtype)
     f32 = cutlass.Float32
+    pdt = f32 if partial_name(dtype, partial) == "float32" else cdt
     meta = make_fake_tensor(cutlass.Int32, (cute.sym_int32(), 8), (8, 1), assumed_align=4)
-    args = (_fake(f32, 3, 8), _fake(f32, 2), _fake(cutlass.Int32, 1), meta, _fake(cdt, 4, 8), _fake(f32, 3),
+    args = (_fake(pdt, 3, 8), _fake(f32, 2), _fake(cutlass.Int32, 1), meta, _fake(cdt, 4, 8), _fake(f32, 3),
             cute.runtime.make_fake_stream())
-    kernel = SplitMerge(cdt, num_heads, seqlen_q)
+    kernel = SplitMerge(cdt, num_heads, seqlen_q, pdt)
     return cute.compile(kernel, *args) if options is None else cute.compile(kernel, *args, options=options)
 
 

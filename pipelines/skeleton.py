@@ -298,7 +298,8 @@ class MLADecodeBase:
                 inv = row_inv[i]
                 if is_split:
                     for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                        mOaccum[row, col0 + tOcO[i, j][1], kv_head, split_idx] = acc_mn[i, j] * inv
+                        mOaccum[row, col0 + tOcO[i, j][1], kv_head, split_idx] = (
+                            (acc_mn[i, j] * inv).to(mOaccum.element_type))
                 else:
                     for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
                         mO[row, col0 + tOcO[i, j][1], kv_head, r] = (acc_mn[i, j] * inv).to(mO.element_type)

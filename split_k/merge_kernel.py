@@ -93,8 +93,9 @@ def unit_assignment(metadata, num_splits, rows: int) -> dict:
 
 
 class SplitMerge:
-    def __init__(self, dtype, num_heads: int, seqlen_q: int):
+    def __init__(self, dtype, num_heads: int, seqlen_q: int, partial_dtype=cutlass.Float32):
         self.dtype = dtype
+        self.partial_dtype = partial_dtype
         self.h_q = num_heads
         self.rows = num_heads * seqlen_q
 
@@ -146,7 +147,7 @@ class SplitMerge:
             group = warp // chunks_per_unit
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
             sAcc = storage.acc.get_tensor(cute.make_layout((CHUNK, WARPS)))
-            rPart = cute.make_rmem_tensor((LANE_COLS, LOADS_IN_FLIGHT), Float32)
+            rPart = cute.make_rmem_tensor((LANE_COLS, LOADS_IN_FLIGHT), self.partial_dtype)
             rW = cute.make_rmem_tensor(LOADS_IN_FLIGHT, Float32)
             acc = cute.make_rmem_tensor(LANE_COLS, Float32)
 
@@ -179,13 +180,13 @@ class SplitMerge:
                             rW[k] = Float32(0.0)
                             if i < n:
                                 gPart = cute.local_tile(mOaccum[base + i, row, None], (LANE_COLS,), (col0 // LANE_COLS,))
-                                cute.autovec_copy(gPart, rPart[None, k])  # one 16-byte load
+                                cute.autovec_copy(gPart, rPart[None, k])  # one 16-byte (fp32) or 8-byte load
                                 rW[k] = mLSEaccum[base + i, row]
                         for k in cutlass.range_constexpr(LOADS_IN_FLIGHT):
                             if i0 + k * split_groups < n:
                                 w = cute.math.exp2(rW[k] * Float32(LOG2E) - m_log2, fastmath=True) * inv_total
                                 for c in cutlass.range_constexpr(LANE_COLS):
-                                    acc[c] += w * rPart[c, k]
+                                    acc[c] += w * Float32(rPart[c, k])
                 for c in cutlass.range_constexpr(LANE_COLS):
                     sAcc[lane * LANE_COLS + c, warp] = acc[c]
                 cute.arch.sync_threads()

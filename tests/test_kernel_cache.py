@@ -272,7 +272,12 @@ def test_decode_config_key_normalises_and_distinguishes():
     base = DecodeConfig.make("2wg", "torch.bfloat16", 16, 1, 64, True)
     assert base == DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False)  # causal means nothing for s_q = 1
     assert base == DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, multicast=False)  # no cluster anyway
-    assert base.key() == ("decode", "2wg", "bfloat16", 16, 1, 64, False, 1, 1)
+    assert base.key() == ("decode", "2wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32")
+    # 16-bit partials: "input" names the input dtype; any other dtype is refused.
+    assert DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, partial="input").partial == "bfloat16"
+    assert DecodeConfig.make("2wg", "float16", 16, 1, 64, False, partial="torch.float16").partial == "float16"
+    with pytest.raises(ValueError, match="partial dtype"):
+        DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, partial="float16")
     # 128 rows at a TMA page size: two m-blocks, a 2-CTA cluster unless multicast is off.
     assert DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False).cluster == 2
     assert DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False, multicast=False).cluster == 1
@@ -281,7 +286,8 @@ def test_decode_config_key_normalises_and_distinguishes():
               DecodeConfig.make("2wg", "bfloat16", 16, 1, 16, False), DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, 2),
               DecodeConfig.make("3wg", "bfloat16", 16, 1, 64, False),
               DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False), DecodeConfig.make("2wg", "bfloat16", 128, 1, 64,
-                                                                                        False, multicast=False)]
+                                                                                        False, multicast=False),
+              DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, partial="input")]
     keys = {base.key()} | {c.key() for c in others}
     assert len(keys) == 1 + len(others)
 

@@ -187,3 +187,49 @@ def test_decoder_graph_replay(variant, page_size):
     ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, cache_seqlens)
     cmp = compare_to_reference(out, lse, ref_out, ref_lse)
     assert cmp.ok, cmp.message
+
+
+# Split-heavy problems for the partial dtypes (every request split over many parts, or a big batch
+# whose part boundaries split requests): (seqlens, s_q, h_q, h_kv, causal, dtype)
+PARTIAL_CASES = [
+    ([16384], 1, 128, 1, False, torch.bfloat16),
+    ([16384], 1, 16, 1, False, torch.float16),
+    ([16384], 2, 64, 1, True, torch.bfloat16),
+    ([1024, 0, 5000], 4, 16, 1, True, torch.bfloat16),
+    ([16384], 1, 64, 2, False, torch.bfloat16),
+    (varlen(128, 1024, seed=2, zeros=2), 1, 128, 1, False, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("partial", ["float32", "input"])
+@pytest.mark.parametrize("case", PARTIAL_CASES, ids=lambda c: f"b{len(c[0])}-sq{c[1]}-h{c[2]}-hkv{c[3]}")
+def test_partial_dtypes_match_reference(variant, partial, case, monkeypatch):
+    """Split-kv partials in fp32 and in the input dtype (``MLA_PARTIAL_DTYPE``) both meet the
+    reference tolerances on problems where most rows are merged from many partials."""
+    from pipelines.launch import PARTIAL_ENV_VAR
+
+    monkeypatch.setenv(PARTIAL_ENV_VAR, partial)
+    seqlens, s_q, h_q, h_kv, causal, dtype = case
+    _check_decode(variant, seqlens, s_q, h_q, causal, dtype, 64, h_kv=h_kv, seed=len(seqlens) + h_q)
+
+
+def test_partial_dtype_error_report():
+    """Measures (prints) the max and mean abs error against the fp32 reference of fp32 vs 16-bit
+    partials on one heavily split problem (b1, 16384 keys, h128: 66 partials per row), and checks
+    both within tolerance. Run with -s to see the numbers (docs/perf-notes.md quotes them)."""
+    import mla
+    from mla.reference import compare_to_reference, mla_decode_reference
+
+    q, k_cache, block_table, cache_seqlens = make_paged_case([16384], 1, 128, seed=21)
+    ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, cache_seqlens)
+    ref_out = ref_out.float().cuda()
+    for partial in ("float32", "input"):
+        dec = mla.MLADecoder(pipeline=VARIANTS[0], partial_dtype=partial)
+        dec.plan(cache_seqlens, num_heads_q=128, seq_len_q=1, page_size=64, dtype=q.dtype)
+        out, lse = dec.run(q, k_cache, block_table, cache_seqlens)
+        torch.cuda.synchronize()
+        err = (out.float() - ref_out).abs()
+        print(f"\npartials {partial}: max abs err {err.max().item():.3e}, mean abs err {err.mean().item():.3e}")
+        cmp = compare_to_reference(out, lse, ref_out, ref_lse)
+        assert cmp.ok, cmp.message
