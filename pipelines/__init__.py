@@ -12,6 +12,9 @@ VARIANTS = ("2wg", "3wg")
 # 3wg (pipelines/variant_3wg.py) compiles with its promises but is not registered: on an H200
 # (2026-11-22) it passed `python -m mla` at pages 1-128 and memcheck/synccheck, but 41 of 78 GPU
 # tests hit "illegal instruction" (first failures: split requests, several chunks per CTA).
+# Suspected cause (branch threewg-fix, not yet run on a GPU): WG1 chose its per-tile wgmma order from a
+# per-thread mbarrier.test_wait, so WG1's warps could issue different wgmma (only in chunks of 2+ tiles);
+# now OR-reduced over the warpgroup. Register once scripts/diag_3wg.py and the GPU tests pass.
 _WITH_KERNEL = ("2wg",)
 
 

@@ -30,7 +30,12 @@ would hold tile i's stage until tile i+1 arrived, and with two stages that leave
 instead of two. A non-blocking ``mbarrier.test_wait`` picks the order per tile; both orders compute
 the same thing. Each order is a self-contained branch (issues, waits, softmax): a first form that
 shared the softmax and the last wait after the branches merged made ptxas serialize every wgmma of
-the kernel (info C7515).
+the kernel (info C7515). The two branches issue different wgmma sequences, so all four warps of WG1
+must take the same one (``wgmma.mma_async.sync.aligned``); ``test_wait`` answers per thread, and the
+warps test at slightly different times, so a tile landing in between used to split the warpgroup
+(an "illegal instruction" or a hang on the GPU, only where a chunk has 2+ tiles). The answer is
+OR-reduced over WG1 with ``bar.red.or`` (``warpgroup_any``, barrier ``Bar.LANDED``) before the
+branch.
 
 Registers: during the overlap WG1 holds O (128), S (32) and the row state, plus addresses; ptxas
 needs 256 for that without spilling or serializing across all configurations (h_kv > 1 and causal
@@ -57,7 +62,8 @@ P_FULL before each read and arrives P_EMPTY after it; WG1's final P_EMPTY sync p
 arrive. Neither side can arrive twice on one barrier before the other has synced on it (each arrive
 is followed by a sync on the other barrier), so no arrival is ever counted into the wrong phase.
 QK_WG and PV_WG (128 threads) order each consumer's own smem writes (zeroed V rows, WG1's P) before
-its wgmma. The producer touches no named barrier: it waits on the stages' "empty" mbarriers (both
+its wgmma; LANDED (WG1's 128 threads, every tile) makes the overlap decision warpgroup-uniform.
+``scripts/model_3wg_protocol.py`` models this protocol (all three warpgroups, every barrier). The producer touches no named barrier: it waits on the stages' "empty" mbarriers (both
 consumers' 8 warps release a K stage, per CTA of the cluster; WG1's 4 warps release Q) and the
 consumers on the "full" ones.
 """
@@ -85,6 +91,7 @@ class Bar(enum.IntEnum):
     P_EMPTY = 2  # WG2 is done reading them: WG1 may overwrite (256 threads)
     QK_WG = 3  # WG1 alone (128 threads): its zeroed V rows and its P stores before its P.V
     PV_WG = 4  # WG2 alone (128 threads): its zeroed V rows before its P.V
+    LANDED = 5  # WG1 alone (128 threads): bar.red.or of "tile i+1 has landed" (warpgroup_any)
 
 
 # Registers per thread after setmaxnreg: (producer, QK consumer, PV consumer). 384 threads launched
@@ -94,6 +101,24 @@ class Bar(enum.IntEnum):
 REGISTERS_TMA = (40, 256, 208)
 REGISTERS_GATHER = (56, 256, 192)
 ENTRY_REGISTERS = 168
+
+
+@cute.jit
+def warpgroup_any(pred, barrier_id: cutlass.Constexpr[int]):
+    """OR of ``pred`` over the 128 threads of one warpgroup, the same value in every thread
+    (``bar.red.or.pred`` on a barrier id that only this warpgroup uses, all 128 threads).
+
+    What it is for: a branch whose two sides issue different wgmma sequences must be taken by every
+    warp of the warpgroup (``wgmma.mma_async.sync.aligned``). A per-thread value such as
+    ``mbarrier.test_wait`` is not warpgroup-uniform: the four warps test at slightly different
+    times, and a tile that lands in between sends them down different branches.
+    """
+    res = cute.arch.inline_ptx(
+        "{\n.reg .pred any_in, any_out;\nsetp.ne.u32 any_in, {$r0}, 0;\n"
+        "bar.red.or.pred any_out, " + str(int(barrier_id)) + ", 128, any_in;\n"
+        "selp.u32 {$w0}, 1, 0, any_out;\n}",
+        write_only_types=[cutlass.Int32], read_only_args=[cutlass.Int32(pred)])
+    return res != cutlass.Int32(0)
 
 
 class MLADecode3WG(MLADecodeBase):
@@ -292,9 +317,14 @@ class MLADecode3WG(MLADecodeBase):
                 if valid < BLOCK_N:  # the request's last tile: never has a next tile in this chunk
                     self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, int(Bar.QK_WG))
                 # Has tile blk+1 landed? (non-blocking; a stale "true" is impossible: the stage's
-                # phase cannot flip back before this warpgroup releases it.)
-                landed = pipe_k.sync_object_full.test_wait(k_next.index, k_next.phase)
-                if has_next & landed:
+                # phase cannot flip back before this warpgroup releases it.) The two branches issue
+                # different wgmma sequences, so all four warps must take the same one: test_wait is
+                # per thread and the warps test at different times, so the answer is OR-reduced over
+                # the warpgroup (any thread that saw the tile means it has landed for all of them;
+                # the branch's consumer_wait still blocks, so correctness never rests on the value).
+                landed = warpgroup_any(has_next & pipe_k.sync_object_full.test_wait(k_next.index, k_next.phase),
+                                       int(Bar.LANDED))
+                if landed:
                     self.loader.consumer_wait(pipe_k, k_next)  # returns at once; the gather's proxy fence
                     self.issue_qk(acc_s, tSrQ, tSrK, k_next.index)
                     self.issue_pv(acc_o, tOrP, tOrV, k_state.index)
