@@ -176,13 +176,13 @@ def test_merge_kernel_units_cover_every_split_row_once(seed):
     meta, splits = planner.plan(lengths, num_parts)
     work = merge_kernel.unit_assignment(meta, splits, rows)
     seen = {}
+    n_of = {r: int(splits[r + 1] - splits[r]) for r in range(b)}
     for items in work.values():
-        for r, row, c0, nc in items:
-            for c in range(c0, c0 + nc, 128):
-                key = (r, row, c)
-                assert key not in seen, f"unit {key} merged twice"
+        for r, row, c0, nc, first, step in items:
+            for i in range(first, n_of[r], step):
+                key = (r, row, c0, i)
+                assert key not in seen, f"split {key} merged twice"
                 seen[key] = 1
-    splits = splits.tolist()
-    want = {(r, row, c) for r in range(b) if splits[r + 1] - splits[r] > 1
-            for row in range(rows) for c in range(0, 512, 128)}
+    want = {(r, row, c, i) for r in range(b) if n_of[r] > 1
+            for row in range(rows) for c in range(0, 512, 128) for i in range(n_of[r])}
     assert set(seen) == want
