@@ -110,6 +110,20 @@ def make_flash_fn(mla, variant: str, cfg: Config, inp: Inputs, num_sms: int | No
     return call
 
 
+def make_plan_flash_fn(mla, variant: str, cfg: Config, inp: Inputs, num_sms: int | None = None):
+    """A zero-argument callable running one eager decode step as an engine without a captured graph
+    would: ``mla.get_mla_metadata(..., planner="device")`` (the planner kernel, no host sync) and
+    then ``mla.flash_mla_with_kvcache`` with that fresh plan, ``out`` allocated by the call."""
+    rows = cfg.s_q * cfg.h_q
+
+    def call():
+        meta, splits = mla.get_mla_metadata(inp.cache_seqlens, rows, 1, num_sms=num_sms, planner="device")
+        mla.flash_mla_with_kvcache(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, HEAD_DIM_V, meta, splits,
+                                   causal=cfg.causal, pipeline=variant)
+
+    return call
+
+
 def time_eager(fn, calls: int = EAGER_CALLS, warmup: int = EAGER_WARMUP, rounds: int = EAGER_ROUNDS,
                clock=time.perf_counter, synchronize=None) -> float:
     """Wall time per call, in microseconds, of ``calls`` back-to-back eager calls of ``fn`` (after

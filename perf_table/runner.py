@@ -49,7 +49,8 @@ EAGER_TIMING = {
     "eager": "wall time per call of back-to-back eager calls (perf_counter around the calls and a final "
              "synchronize), median of the rounds: eager_run_us = mla.MLADecoder.run (planned once, out "
              "given), eager_flash_us = mla.flash_mla_with_kvcache (metadata from get_mla_metadata once, "
-             "out allocated per call)",
+             "out allocated per call), eager_plan_run_us = mla.get_mla_metadata(planner=\"device\") + "
+             "mla.flash_mla_with_kvcache per call (the planner kernel and the decode, out allocated per call)",
     "eager_calls": 300,
     "eager_warmup": 20,
     "eager_rounds": 3,
@@ -128,7 +129,8 @@ def _config_fields(variant: str, cfg: grid.Config) -> dict:
 def measure_row(variant: str, cfg: grid.Config, total_kv_tokens: int, samples_us: list[float],
                 roofline: dict, eager: dict | None = None) -> dict:
     """One row of the raw JSON from the replay times of a config: every figure the table shows.
-    ``eager``: ``{"run_us": ..., "flash_us": ...}`` eager wall times per call, when measured."""
+    ``eager``: ``{"run_us": ..., "flash_us": ..., "plan_run_us": ...}`` eager wall times per call, when
+    measured (``plan_run_us`` may be absent)."""
     us = statistics.median(samples_us)
     nbytes = formulas.decode_bytes(cfg.b, cfg.s_q, cfg.h_q, total_kv_tokens, cfg.dtype)
     flops = formulas.decode_flops(cfg.s_q, cfg.h_q, total_kv_tokens)
@@ -150,6 +152,7 @@ def measure_row(variant: str, cfg: grid.Config, total_kv_tokens: int, samples_us
         "roofline_frac": bound_us / us,
         "eager_run_us": eager["run_us"] if eager else None,
         "eager_flash_us": eager["flash_us"] if eager else None,
+        "eager_plan_run_us": eager.get("plan_run_us") if eager else None,
         "error": None,
     })
     return row
@@ -196,6 +199,8 @@ def run_plan(plan: list[tuple[str, grid.Config]], bench: Callable[[str, grid.Con
                 rows.append(row)
                 eager_note = (f" | eager run {row['eager_run_us']:.1f} us, flash {row['eager_flash_us']:.1f} us"
                               if row["eager_run_us"] is not None else "")
+                if row["eager_plan_run_us"] is not None:
+                    eager_note += f", plan+flash {row['eager_plan_run_us']:.1f} us"
                 log(f"{head} {row['us']:9.1f} us {row['gbps']:6.0f} GB/s {row['tflops']:6.1f} TFLOP/s "
                     f"{100 * row['roofline_frac']:5.1f}% of roofline ({row['bound']})"
                     f"{anchor_note(anchors or {}, device, cfg, row['us'])}{eager_note}"
@@ -378,10 +383,10 @@ def main(quick: bool = False, pipeline: str | None = None, out: str | None = Non
                 if not eager:
                     return inp.total_kv_tokens, samples
                 flash = bench.make_flash_fn(mla, variant, cfg, inp, num_sms=props.multi_processor_count)
-                times = {"run_us": bench.time_eager(fn, EAGER_TIMING["eager_calls"], EAGER_TIMING["eager_warmup"],
-                                                    EAGER_TIMING["eager_rounds"]),
-                         "flash_us": bench.time_eager(flash, EAGER_TIMING["eager_calls"],
-                                                      EAGER_TIMING["eager_warmup"], EAGER_TIMING["eager_rounds"])}
+                plan_flash = bench.make_plan_flash_fn(mla, variant, cfg, inp, num_sms=props.multi_processor_count)
+                timing = (EAGER_TIMING["eager_calls"], EAGER_TIMING["eager_warmup"], EAGER_TIMING["eager_rounds"])
+                times = {"run_us": bench.time_eager(fn, *timing), "flash_us": bench.time_eager(flash, *timing),
+                         "plan_run_us": bench.time_eager(plan_flash, *timing)}
                 return inp.total_kv_tokens, samples, times
         finally:
             timer.cancel()

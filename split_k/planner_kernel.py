@@ -8,16 +8,20 @@ output shapes are too, and nothing has to be read back.
 
 The host planner fills parts one after the other, so the plan is a serial scan; what is truly serial
 in it is only the budget left in the current part when each request starts. One CTA of ``THREADS``
-threads, four phases, barriers in between:
+threads, five phases, barriers in between:
 
-1. all threads load the lengths (coalesced, ``LOADS_IN_FLIGHT`` per thread at once), store their
-   KV tile counts in shared memory (``sBlocks``) and reduce the total, which fixes
+1. all threads load the lengths (coalesced, ``LOADS_IN_FLIGHT`` per thread at once), store each
+   request's cost ``tiles + fixed_cost`` in shared memory and reduce the total, which fixes
    ``target = ceil(total / num_parts)`` and ``payload = target + fixed_cost``;
-2. thread 0 walks the requests in order and stores the budget each one starts with (``sBudgets``).
-   One step is ``budget - cost`` and two selects (see ``_walk_step``): a request that does not fit
-   continues in fresh parts of ``target`` tiles each, so the budget after it is
-   ``(budget - cost) mod target``; the division is a rare branch, the tile counts are loaded two
-   requests ahead, and the arithmetic is 32-bit whenever ``payload < CAP`` (64-bit otherwise);
+1b. all threads store each request's ``cost_mod`` (its cost reduced modulo ``target`` into
+   ``[F + 1, F + target]``; a division only for a request longer than a whole part), so that the
+   walk never divides;
+2. warp 0 walks the requests in order and stores the budget each one starts with. One step is
+   three candidates one operation from the budget, an unsigned min and two selects (``_walk_step``);
+   no branch and no memory access on the chain: per chunk of ``WALK_CHUNK`` requests the costs come
+   into registers with vector loads, the chunk is walked fully unrolled, and its budgets leave with
+   vector stores. All 32 lanes run the same walk (no divergence, no shuffles). 32-bit arithmetic
+   whenever ``payload < CAP``, 64-bit otherwise;
 3. all threads, each on a contiguous run of requests, derive from its start budget what a request
    does (``_request_plan``: close the part first? split? into how many new parts?); a block-wide
    exclusive scan of (parts opened, chunks) gives each request the index of the parts it opens,
@@ -26,16 +30,45 @@ threads, four phases, barriers in between:
    previous request when the next one begins at block 0), the last used part ends after the last
    request, and parts that got no work are ``[0, 0, -1, 0, 0, 0, 0, 0]``.
 
-Cost: everything but phase 2 is parallel; the walk's loop body is about 20 SASS instructions with
-a dependency chain of a few integer ops (read from the SASS, not yet measured), so it grows by some
-tens of cycles per request: a few microseconds at b = 128, tens at b in the thousands.
-``python -m perf_table planner`` measures it.
+Why this shape (issue 12: <= 8 us at b = 128 as a graph replay; it was 11.6 us, 7.95 at b = 1,
+with a one-kernel graph's floor at 3.65 us):
+
+- Shared memory is dynamic and sized per launch from the tensor extents (``smem_bytes(b,
+  num_parts)``: 3.2 KB at b = 128 and 132 parts, 204 KiB at ``MAX_BATCH`` and ``MAX_PARTS``). The
+  earlier static layout reserved 143 KB for b = 16384 at every launch, which (the suspicion
+  this change acts on, not yet measured apart) makes the launch set up the largest shared-memory
+  carveout for a kernel that needs a few KB. One compiled kernel serves
+  every batch (no second specialisation, no host-side choice): the request arrays are carved by
+  hand from the dynamic base with run-time offsets. Requests are stored by chunk
+  (``[r % 32, r // 32, field]``, static strides), so a chunk's 32 values of a field are contiguous
+  and 16-byte aligned whatever ``b`` is: that is what lets the walk use 128-bit loads and stores.
+- The walk was a loop of ~20 instructions per request with shared-memory loads and stores and a
+  branch on its chain (~30 ns per request measured: b = 512 -> 1024 added 21 us). Reducing the cost
+  modulo ``target`` in the parallel phase 1b removes the rare division from the walk and bounds the
+  wrap to one correction, which an unsigned min does in one instruction (ptxas fuses it with an add:
+  ``VIADDMNMX.U32``); the loop body is now six SASS instructions per request (ISETP, IADD3,
+  VIADDMNMX, two predicated IMAD and no branch; STS.128/LDS.128 once per four requests), a chain of
+  four dependent ALU operations. No parallel formulation was adopted: the step is a rotation by the
+  cost modulo ``target`` except where a budget falls to ``<= fixed_cost``, so composing segments
+  needs the set of budgets that hit that case per segment, far more code than the walk for
+  batches of a few hundred.
+- Phase 1b costs one extra barrier (five instead of four) but it is constant: doing it inside the
+  walk (each lane reducing its chunk's costs) would put a load-compute-store round trip per chunk
+  on warp 0's serial path. The remaining barriers are each needed: the total (1), the cost_mods
+  (1b), the budgets (2), the scan (3) and the part begins (4).
+- Metadata rows stay scalar stores (eight per row, at most one row per thread for up to 256
+  parts): vector stores would need the metadata's 16-byte alignment and unit row stride as
+  compile-time promises, which the compiled entry (``pipelines.launch.planner_args``) does not
+  make today, for at most a few tens of nanoseconds.
+
+Cost: everything but phase 2 is parallel; phase 2 costs a few ALU latencies per request (an
+estimate from the SASS, not a measurement). ``python -m perf_table planner`` measures it.
 
 ``kernel_model`` is the same algorithm in plain Python, phase by phase; the CPU tests check it
 against the host planner on many inputs, the GPU tests check the kernel against the host planner.
 
 Limits (``check_limits`` raises ``ValueError`` on the host before any launch): ``b <= MAX_BATCH``
-(two int32 per request in shared memory) and ``num_parts <= MAX_PARTS`` (one begin record per part).
+(three int32 per request in shared memory) and ``num_parts <= MAX_PARTS`` (one begin record per part).
 Budgets are exact for any int32 lengths (64-bit walk when needed). ``block_n >= MIN_BLOCK_N``.
 
 What a device planner cannot do without reading the lengths back: reject a negative length (it is
@@ -54,7 +87,7 @@ os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 import cuda.bindings.driver as cuda  # noqa: E402
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
-from cutlass import Int32, Int64  # noqa: E402
+from cutlass import Int32, Int64, Uint32, Uint64  # noqa: E402
 
 from .planner import (BEGIN_BLOCK, BEGIN_REQ, BEGIN_SPLIT, BLOCK_N, END_BLOCK, END_REQ,  # noqa: E402
                       FIXED_COST, METADATA_WIDTH)
@@ -64,11 +97,22 @@ NUM_WARPS = THREADS // 32
 LOADS_IN_FLIGHT = 8
 """Lengths each thread loads before using any (phase 1)."""
 MAX_BATCH = 16384
-"""Largest batch the kernel plans: two int32 values per request in shared memory (128 KiB)."""
+"""Largest batch the kernel plans: three int32 values per request in dynamic shared memory (192 KiB
+at this batch; a launch asks only for what its batch needs, ``smem_bytes``)."""
 MAX_PARTS = 1024
 """Largest ``num_parts``: three int32 begin fields per part in shared memory (12 KiB). A plan has at
 most one part per SM (``planner.num_sm_parts``), so this only binds for an explicit huge
 ``num_sms``."""
+WALK_CHUNK = 32
+"""Requests the walk takes into registers at a time (and the padding of the request arrays)."""
+HEADER_WORDS = 4 * NUM_WARPS
+"""int32 words of per-warp scratch before the request arrays: Int64 totals, opened and chunks."""
+REQ_FIELDS = 3
+BUDGET, COST, COSTM = range(REQ_FIELDS)
+"""Per-request smem fields: the budget it starts with (phase 2), its cost ``tiles + fixed_cost``
+(phase 1), and ``cost_mod`` (phase 1b)."""
+SMEM_LIMIT = 227 * 1024
+"""Opt-in shared memory per block on Hopper; ``smem_bytes(MAX_BATCH, MAX_PARTS)`` stays below it."""
 CAP = 1 << 30
 """Budgets are kept exact in 64 bits during the walk and stored clamped to ``CAP`` for phase 3: every
 decision there compares a budget with a request's cost (< CAP) or the fixed cost, which clamping
@@ -96,31 +140,39 @@ def _check_knobs(block_n: int, fixed_cost: int) -> None:
         raise ValueError(f"fixed_cost must be an int in [0, 2^20) for the device planner, got {fixed_cost!r}")
 
 
-def _wrap(x: int, target: int) -> int:
-    """``x mod target`` for ``x < 0``: the budget left after a split whose rest needed several parts."""
-    return x + (-x + target - 1) // target * target
+def cost_mod(nb: int, target: int, fixed_cost: int) -> int:
+    """``nb' + fixed_cost`` with ``nb' = ((nb - 1) mod target) + 1`` when ``nb > target`` (else ``nb``):
+    the cost of the request's last chunk were it cut into whole parts of ``target`` tiles. It is
+    congruent to the cost modulo ``target`` and lies in ``[fixed_cost + 1, fixed_cost + target]`` for
+    ``nb >= 1``, which is what lets the walk wrap with one compare instead of a division (phase 1b
+    computes it for every request in parallel, once ``target`` is known)."""
+    if nb > target:
+        nb = (nb - 1) % target + 1
+    return nb + fixed_cost
 
 
-def _walk_step(budget: int, cost: int, payload: int, target: int, fixed_cost: int) -> int:
-    """Phase 2's step: the budget left after a request of ``cost`` that starts with ``budget`` left.
+def _walk_step(budget: int, cost: int, costm: int, payload: int, target: int, fixed_cost: int) -> int:
+    """Phase 2's step: the budget left after a request of ``cost`` (``costm = cost_mod(...)``) that
+    starts with ``budget`` left. Branch-free on the device (``SplitPlanner._walk``): candidates one
+    operation from ``budget``, then a select, an unsigned min and a select.
 
-    Whole fit: ``budget - cost``. Otherwise the request fills the current part and continues in
-    fresh parts of ``target`` tiles each (no waste: every chunk pays its fixed cost), so the budget
-    left is ``(budget - cost) mod target``: ``budget - cost + target`` unless the rest needs more than
-    one further part. When not even one tile fits (``budget <= fixed_cost``) the part is closed
-    unused and the request starts over in a fresh part: ``(payload - cost)``, wrapped the same way.
-    The kernel keeps only ``x`` and two selects on its serial chain; the wrap is a rare branch.
+    - Whole fit (``budget >= cost``): ``budget - cost``.
+    - Split (``budget > fixed_cost``): the request fills the current part and continues in fresh
+      parts of ``target`` tiles each (no waste: every chunk pays its fixed cost), so the budget left
+      is ``(budget - cost) mod target``. With ``costm`` congruent to ``cost`` and in
+      ``[F + 1, F + target]`` and ``budget`` in ``[F + 1, payload = target + F]``,
+      ``d = budget - costm`` lies in ``(-target, target)``: ``d mod target`` is ``d`` or ``d + target``.
+    - Closed unused (``budget <= fixed_cost``: not even one tile fits): the request starts over in a
+      fresh part: ``(payload - cost)`` if it fits there, else ``(payload - cost) mod target``. Both
+      are ``payload - costm`` (``costm == cost`` when ``nb <= target``, i.e. when it fits;
+      ``payload - costm`` is in ``[0, target)`` otherwise).
     """
-    fresh = payload - cost
-    if fresh < 0:
-        fresh += target
-    x = budget - cost
-    nxt = x
-    if x < 0:
-        nxt = x + target if budget > fixed_cost else fresh
-    if nxt < 0:  # the rest spans more than one further part
-        nxt = _wrap(x if budget > fixed_cost else payload - cost, target)
-    return nxt
+    if budget >= cost:
+        return budget - cost
+    if budget > fixed_cost:
+        d = budget - costm
+        return d + target if d < 0 else d
+    return payload - costm
 
 
 def _request_plan(budget: int, nb: int, payload_c: int, target_c: int, fixed_cost: int):
@@ -161,12 +213,15 @@ def kernel_model(lengths: Sequence[int], num_parts: int, block_n: int = BLOCK_N,
     target = (total + num_parts - 1) // num_parts
     payload = target + fixed_cost
 
+    # Phase 1b (in parallel once target is known): each request's cost modulo target (cost_mod).
+    costm = [cost_mod(nb, target, fixed_cost) for nb in blocks]
+
     # Phase 2: the serial walk; budgets[r] = budget left in the current part when request r starts.
     budgets = [0] * b
     budget = payload
     for r in range(b):
         budgets[r] = min(budget, CAP)
-        budget = _walk_step(budget, blocks[r] + fixed_cost, payload, target, fixed_cost)
+        budget = _walk_step(budget, blocks[r] + fixed_cost, costm[r], payload, target, fixed_cost)
 
     # Phase 3: per request (in parallel on the GPU), parts opened and chunks; their exclusive prefix
     # sums give the index of the first part each request opens and its workspace rows.
@@ -208,10 +263,27 @@ def kernel_model(lengths: Sequence[int], num_parts: int, block_n: int = BLOCK_N,
     return rows, num_splits
 
 
+def _chunks(batch_size):
+    """Walk chunks of ``WALK_CHUNK`` requests covering a batch (host ints or DSL Int32)."""
+    return (batch_size + WALK_CHUNK - 1) // WALK_CHUNK
+
+
+def smem_words(batch_size, num_parts):
+    """Dynamic shared memory of one launch, in int32 words (host ints or DSL Int32): the header
+    (per-warp partial sums), ``REQ_FIELDS`` words per request rounded up to whole walk chunks, and
+    three begin fields per part. ``smem_bytes`` is what the launch asks for."""
+    return HEADER_WORDS + REQ_FIELDS * WALK_CHUNK * _chunks(batch_size) + 3 * num_parts
+
+
+def smem_bytes(batch_size: int, num_parts: int) -> int:
+    return 4 * smem_words(batch_size, num_parts)
+
+
 class SplitPlanner:
     """CuTe DSL planner kernel: ``(mSeqlens [b], mMetadata [num_parts, 8], mNumSplits [b + 1])``,
-    all int32; ``b`` and ``num_parts`` are read from the tensor extents at run time. The caller
-    checks ``check_limits`` first (the kernel indexes fixed-size shared memory)."""
+    all int32; ``b`` and ``num_parts`` are read from the tensor extents at run time, and so is the
+    dynamic shared memory the launch asks for (``smem_bytes(b, num_parts)``). The caller checks
+    ``check_limits`` first."""
 
     def __init__(self, block_n: int = BLOCK_N, fixed_cost: int = FIXED_COST):
         _check_knobs(block_n, fixed_cost)
@@ -221,21 +293,10 @@ class SplitPlanner:
     @cute.jit
     def __call__(self, mSeqlens: cute.Tensor, mMetadata: cute.Tensor, mNumSplits: cute.Tensor,
                  stream: cuda.CUstream):
-        @cute.struct
-        class SharedStorage:
-            # +2: the walk loads the tile counts of requests r + 1 and r + 2 while it handles r.
-            blocks: cute.struct.MemRange[Int32, MAX_BATCH + 2]
-            budgets: cute.struct.MemRange[Int32, MAX_BATCH]
-            begin_req: cute.struct.MemRange[Int32, MAX_PARTS]
-            begin_block: cute.struct.MemRange[Int32, MAX_PARTS]
-            begin_split: cute.struct.MemRange[Int32, MAX_PARTS]
-            warp_total: cute.struct.MemRange[Int64, NUM_WARPS]
-            warp_opened: cute.struct.MemRange[Int32, NUM_WARPS]
-            warp_chunks: cute.struct.MemRange[Int32, NUM_WARPS]
-
-        self.shared_storage = SharedStorage
+        b = mSeqlens.shape[0]
+        num_parts = mMetadata.shape[0]
         self.kernel(mSeqlens, mMetadata, mNumSplits).launch(
-            grid=[1, 1, 1], block=[THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream)
+            grid=[1, 1, 1], block=[THREADS, 1, 1], smem=Int32(4) * smem_words(b, num_parts), stream=stream)
 
     @cute.kernel
     def kernel(self, mSeqlens: cute.Tensor, mMetadata: cute.Tensor, mNumSplits: cute.Tensor):
@@ -245,19 +306,25 @@ class SplitPlanner:
         b = mSeqlens.shape[0]
         num_parts = mMetadata.shape[0]
         F = self.fixed_cost
-        storage = cutlass.memory.SmemAllocator().allocate(self.shared_storage)
-        sBlocks = storage.blocks.get_tensor(cute.make_layout(MAX_BATCH + 2))
-        sBudgets = storage.budgets.get_tensor(cute.make_layout(MAX_BATCH))
-        sBeginReq = storage.begin_req.get_tensor(cute.make_layout(MAX_PARTS))
-        sBeginBlock = storage.begin_block.get_tensor(cute.make_layout(MAX_PARTS))
-        sBeginSplit = storage.begin_split.get_tensor(cute.make_layout(MAX_PARTS))
-        sWarpTotal = storage.warp_total.get_tensor(cute.make_layout(NUM_WARPS))
-        sWarpOpened = storage.warp_opened.get_tensor(cute.make_layout(NUM_WARPS))
-        sWarpChunks = storage.warp_chunks.get_tensor(cute.make_layout(NUM_WARPS))
+        W = WALK_CHUNK
+        chunks = _chunks(b)
+        # Dynamic smem, carved by hand (sizes are run-time values): header, requests, part begins.
+        base32 = cute.arch.get_dyn_smem(Int32, alignment=16)
+        sWarpTotal = cute.make_tensor(cute.arch.get_dyn_smem(Int64, alignment=16), cute.make_layout(NUM_WARPS))
+        sWarpOpened = cute.make_tensor(base32 + 2 * NUM_WARPS, cute.make_layout(NUM_WARPS))
+        sWarpChunks = cute.make_tensor(base32 + 3 * NUM_WARPS, cute.make_layout(NUM_WARPS))
+        # Request r's fields live at [r % W, r // W, field]: a chunk's W values of one field are
+        # contiguous and 16-byte aligned (static strides), so the walk moves them with vector accesses.
+        sReq = cute.make_tensor(base32 + HEADER_WORDS, cute.make_layout(
+            (W, chunks, REQ_FIELDS), stride=(1, REQ_FIELDS * W, W)))
+        begins = base32 + HEADER_WORDS + REQ_FIELDS * W * chunks
+        sBeginReq = cute.make_tensor(begins, cute.make_layout(num_parts))
+        sBeginBlock = cute.make_tensor(begins + num_parts, cute.make_layout(num_parts))
+        sBeginSplit = cute.make_tensor(begins + 2 * num_parts, cute.make_layout(num_parts))
 
-        # Phase 1: tile counts into smem, and their total (64-bit: b * 2^25 tiles overflows int32).
-        # LOADS_IN_FLIGHT loads per thread are issued before any is used (a guarded register array),
-        # so a large batch pays the global latency once per group, not once per request.
+        # Phase 1: tile counts, as costs (tiles + F), into smem, and their total (64-bit: b * 2^25
+        # tiles overflows int32). LOADS_IN_FLIGHT loads per thread are issued before any is used (a
+        # guarded register array), so a large batch pays the global latency once per group.
         local = Int64(0)
         rLen = cute.make_rmem_tensor(LOADS_IN_FLIGHT, Int32)
         for base in cutlass.range(tidx, b, THREADS * LOADS_IN_FLIGHT, unroll=1):
@@ -268,8 +335,9 @@ class SplitPlanner:
             for i in cutlass.range_constexpr(LOADS_IN_FLIGHT):
                 n = cutlass.max(rLen[i], Int32(0))  # a negative length is planned as 0
                 nb = Int32((Int64(n) + (self.block_n - 1)) // self.block_n)  # 64-bit: n + block_n - 1 may overflow
-                if base + i * THREADS < b:
-                    sBlocks[base + i * THREADS] = nb
+                r = base + i * THREADS
+                if r < b:
+                    sReq[r % W, r // W, COST] = nb + F
                 local += Int64(nb)  # 0 for the guarded-off slots
         local = cute.arch.warp_reduction_sum(local)
         if lane == 0:
@@ -281,49 +349,65 @@ class SplitPlanner:
             total += sWarpTotal[w]
         target = (total + Int64(num_parts) - 1) // Int64(num_parts)
         payload = target + F
+        payload_c = Int32(cutlass.min(payload, Int64(CAP)))
+        target_c = Int32(cutlass.min(target, Int64(CAP)))
 
-        # Phase 2: thread 0 walks the requests; only the budget chain is serial. 32-bit arithmetic
-        # (shorter dependency chain) whenever every budget fits; 64-bit otherwise.
-        if tidx == 0:
+        # Phase 1b: cost_mod of every request (the same thread wrote its cost in phase 1: same
+        # index stride), and costs of F for the padding up to whole chunks, which the walk reads.
+        # (target_c: a tile count is below 2^29 <= CAP, so only target < CAP can be exceeded.)
+        for r in cutlass.range(tidx, chunks * W, THREADS, unroll=1):
+            cost = Int32(F)
+            if r < b:
+                cost = sReq[r % W, r // W, COST]
+            nb = cost - F
+            costm = cost
+            if nb > target_c:  # rare: the request spans more than a whole part
+                costm = (nb - 1) % target_c + 1 + F
+            sReq[r % W, r // W, COST] = cost
+            sReq[r % W, r // W, COSTM] = costm
+        cute.arch.sync_threads()
+
+        # Phase 2: warp 0 walks the requests, all lanes in step (no divergence, no shuffles); only
+        # the budget chain is serial. 32-bit arithmetic whenever every budget fits; 64-bit otherwise.
+        if warp == 0:
             if payload < CAP:
-                self._walk(Int32, sBlocks, sBudgets, b, payload, target)
+                self._walk(Int32, sReq, chunks, payload, target)
             else:
-                self._walk(Int64, sBlocks, sBudgets, b, payload, target)
+                self._walk(Int64, sReq, chunks, payload, target)
         cute.arch.sync_threads()
 
         # Phase 3: each thread takes a contiguous run of requests; a block-wide exclusive scan of
         # (parts opened, chunks) places each request's part begins and num_splits entries.
-        payload_c = Int32(cutlass.min(payload, Int64(CAP)))
-        target_c = Int32(cutlass.min(target, Int64(CAP)))
         per_thread = (b + THREADS - 1) // THREADS
         lo = cutlass.min(tidx * per_thread, b)
         hi = cutlass.min(lo + per_thread, b)
         opened = Int32(0)
-        chunks = Int32(0)
+        nchunks = Int32(0)
         for r in cutlass.range(lo, hi, unroll=1):
-            waste, first, n_new = self._request_plan(sBudgets[r], sBlocks[r], payload_c, target_c)
+            waste, first, n_new = self._request_plan(sReq[r % W, r // W, BUDGET],
+                                                     sReq[r % W, r // W, COST] - F, payload_c, target_c)
             opened += waste + n_new
-            chunks += n_new + 1
+            nchunks += n_new + 1
         own_opened = opened
-        own_chunks = chunks
+        own_chunks = nchunks
         # Warp inclusive scan, plus the totals of the warps before, minus the own run: exclusive.
         for i in cutlass.range_constexpr(5):
             up_opened = cute.arch.shuffle_sync_up(opened, 1 << i)
-            up_chunks = cute.arch.shuffle_sync_up(chunks, 1 << i)
+            up_chunks = cute.arch.shuffle_sync_up(nchunks, 1 << i)
             if lane >= (1 << i):
                 opened += up_opened
-                chunks += up_chunks
+                nchunks += up_chunks
         if lane == 31:
             sWarpOpened[warp] = opened
-            sWarpChunks[warp] = chunks
+            sWarpChunks[warp] = nchunks
         cute.arch.sync_threads()
         opened -= own_opened
-        chunks -= own_chunks
+        nchunks -= own_chunks
         all_opened = Int32(0)
         for w in cutlass.range_constexpr(NUM_WARPS):
             if w < warp:
                 opened += sWarpOpened[w]
-                chunks += sWarpChunks[w]
+                nchunks += sWarpChunks[w]
             all_opened += sWarpOpened[w]
         if tidx == 0:
             mNumSplits[0] = Int32(0)
@@ -332,7 +416,8 @@ class SplitPlanner:
                 sBeginBlock[0] = Int32(0)
                 sBeginSplit[0] = Int32(0)
         for r in cutlass.range(lo, hi, unroll=1):
-            waste, first, n_new = self._request_plan(sBudgets[r], sBlocks[r], payload_c, target_c)
+            waste, first, n_new = self._request_plan(sReq[r % W, r // W, BUDGET],
+                                                     sReq[r % W, r // W, COST] - F, payload_c, target_c)
             part = opened + 1  # parts other than 0 are opened by the request they begin in
             if waste == 1:
                 if part < num_parts:
@@ -349,8 +434,8 @@ class SplitPlanner:
                 part += 1
                 blk += target_c
             opened += waste + n_new
-            chunks += n_new + 1
-            mNumSplits[r + 1] = chunks
+            nchunks += n_new + 1
+            mNumSplits[r + 1] = nchunks
         used = Int32(0)
         if b > 0:
             used = cutlass.min(all_opened + 1, num_parts)
@@ -376,7 +461,7 @@ class SplitPlanner:
                 end_block = next_block
                 if next_block == 0:  # the next part starts a request: this one ends with the previous one
                     end_req = next_req - 1
-                    end_block = sBlocks[next_req - 1]
+                    end_block = sReq[end_req % W, end_req // W, COST] - F
             mMetadata[q, BEGIN_REQ] = begin_req
             mMetadata[q, BEGIN_BLOCK] = begin_block
             mMetadata[q, END_REQ] = end_req
@@ -386,47 +471,41 @@ class SplitPlanner:
                 mMetadata[q, i] = Int32(0)
 
     @cute.jit
-    def _walk(self, ty: cutlass.Constexpr, sBlocks: cute.Tensor, sBudgets: cute.Tensor, b: Int32,
-              payload64: Int64, target64: Int64):
-        """Phase 2 in integer type ``ty``: ``sBudgets[r]`` = budget (clamped to CAP) when request r
-        starts. The loop-carried chain is only ``x = budget - cost`` and two selects; the outcome of
-        a fresh part and the rare multi-part wrap stay off it (see ``_walk_step``)."""
+    def _walk(self, ty: cutlass.Constexpr, sReq: cute.Tensor, chunks: Int32, payload64: Int64, target64: Int64):
+        """Phase 2 in integer type ``ty`` (every lane of warp 0 the same): the budget (clamped to
+        CAP) each request starts with, into ``sReq[.., BUDGET]``. Per chunk of ``WALK_CHUNK``
+        requests: the costs and cost_mods come into registers (vector loads, one latency per
+        chunk), the chunk is walked fully unrolled with ``_walk_step``'s three selects (no branch, no
+        memory access on the chain), and the budgets leave with vector stores."""
         F = self.fixed_cost
+        W = WALK_CHUNK
+        uty = Uint32 if cutlass.const_expr(ty is Int32) else Uint64
         payload = ty(payload64)
         target = ty(target64)
         budget = payload
-        nb0 = sBlocks[0]
-        nb1 = sBlocks[1]
-        for r in cutlass.range(b, unroll=1):
-            nb2 = sBlocks[r + 2]  # two requests ahead: the load latency hides behind the chain
-            cost = ty(nb0 + F)
-            fresh = payload - cost  # the outcome when a fresh part must be opened: off the chain
-            if fresh < 0:
-                fresh += target
-            if cutlass.const_expr(ty is Int64):
-                sBudgets[r] = Int32(cutlass.min(budget, Int64(CAP)))
-            else:
-                sBudgets[r] = budget
-            x = budget - cost
-            split = budget > F
-            nxt = x
-            if x < 0:
-                nxt = fresh
-                if split:
-                    nxt = x + target
-            if nxt < 0:  # the rest spans more than one further part (rare): x mod target
-                base = payload - cost
-                if split:
-                    base = x
-                nxt = self._wrap(base, target)
-            budget = nxt
-            nb0 = nb1
-            nb1 = nb2
-
-    @cute.jit
-    def _wrap(self, x, target):
-        """``x mod target`` for ``x < 0`` (the model's ``_wrap``)."""
-        return x + (target - 1 - x) // target * target
+        for c in cutlass.range(chunks, unroll=1):
+            rCost = cute.make_rmem_tensor(W, Int32)
+            rCostm = cute.make_rmem_tensor(W, Int32)
+            rBudget = cute.make_rmem_tensor(W, Int32)
+            cute.autovec_copy(sReq[None, c, COST], rCost)
+            cute.autovec_copy(sReq[None, c, COSTM], rCostm)
+            for j in cutlass.range_constexpr(W):
+                cost = ty(rCost[j])
+                costm = ty(rCostm[j])
+                if cutlass.const_expr(ty is Int64):
+                    rBudget[j] = Int32(cutlass.min(budget, Int64(CAP)))
+                else:
+                    rBudget[j] = budget
+                # Candidates one operation from budget, then a min and two selects: the chain is
+                # three operations deep (_walk_step; d mod target = d or d + target, whichever is
+                # smaller as an unsigned number, since -target < d < target).
+                whole = budget - cost
+                d = budget - costm
+                d_wrapped = budget + (target - costm)
+                kept = ty(cutlass.select_(budget >= cost, whole, payload - costm))
+                split_left = ty(cutlass.min(uty(d), uty(d_wrapped)))
+                budget = ty(cutlass.select_((budget >= cost) | (budget <= F), kept, split_left))
+            cute.autovec_copy(rBudget, sReq[None, c, BUDGET])
 
     @cute.jit
     def _request_plan(self, budget: Int32, nb: Int32, payload_c: Int32, target_c: Int32):

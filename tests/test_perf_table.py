@@ -265,7 +265,7 @@ def test_decode_fn_drives_the_public_api(fake_kernel):
     torch.testing.assert_close(out.float(), ref_out.float(), atol=1e-2, rtol=1e-2)
 
 
-def test_main_end_to_end_on_a_fake_gpu(fake_kernel, monkeypatch, tmp_path, capsys):
+def test_main_end_to_end_on_a_fake_gpu(fake_kernel, fake_planner, monkeypatch, tmp_path, capsys):
     """runner.main's wiring (preflight, plan, API calls, JSON), with the GPU parts replaced."""
     import types
 
@@ -304,11 +304,15 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, monkeypatch, tmp_path, capsy
     rc = runner.main(quick=True, pipeline="2wg", page_sizes=[16], out=str(tmp_path), replays=100, commit="abc1234")
     assert rc == 1  # one config failed
     (out,) = tmp_path.glob("nvidia-h200_20*-*-*_abc1234_quick.json")  # --out DIR: the usual name inside
-    # Each config: one graph capture's call and the two eager timings' calls (quick runs time eager
-    # calls), all under the config's multicast switch.
-    assert launched == ([("2wg", (2, 1, 16, 576), None)] * 3 + [("2wg", (2, 1, 128, 576), "1")] * 3
-                        + [("2wg", (2, 1, 128, 576), "0")] * 3)
-    assert eager_calls == [(300, 20, 3)] * 6
+    # Each config: one graph capture's call and the three eager timings' calls (quick runs time eager
+    # calls), all under the config's multicast switch; the plan+flash timing plans on the device
+    # every call (the fake planner: the kernel's model).
+    assert launched == ([("2wg", (2, 1, 16, 576), None)] * 4 + [("2wg", (2, 1, 128, 576), "1")] * 4
+                        + [("2wg", (2, 1, 128, 576), "0")] * 4)
+    assert eager_calls == [(300, 20, 3)] * 9
+    # Per config: MLADecoder.plan, make_flash_fn's metadata (both once, outside the timing) and the
+    # plan+flash call: the fake planner makes CPU lengths count as on the device for all three.
+    assert len(fake_planner.calls) == 3 * 3
     assert "MLA_MULTICAST" not in os.environ  # restored
     record = json.loads(out.read_text())
     assert record["complete"] is True and record["mode"] == "quick"
@@ -318,12 +322,14 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, monkeypatch, tmp_path, capsy
     assert record["versions"]["cutlass_dsl"] and record["versions"]["torch"] == torch.__version__
     ok, failed, mc_on, mc_off = record["rows"]
     assert (ok["pipeline"], ok["page_size"], ok["b"], ok["us"], ok["replays"]) == ("2wg", 16, 2, 10.0, 100)
-    assert (ok["eager_run_us"], ok["eager_flash_us"]) == (8.0, 9.0)
+    assert (ok["eager_run_us"], ok["eager_flash_us"], ok["eager_plan_run_us"]) == (8.0, 9.0, 10.0)
     assert record["timing"]["eager_calls"] == 300 and "flash_mla_with_kvcache" in record["timing"]["eager"]
+    assert "eager_plan_run_us" in record["timing"]["eager"] and failed["error"] and "eager_plan_run_us" not in failed
     assert ok["multicast"] is None and (mc_on["multicast"], mc_off["multicast"]) == (True, False)
     assert mc_on["h_q"] == mc_off["h_q"] == 128 and mc_on["error"] is None and mc_off["error"] is None
     assert failed["error"] == "RuntimeError: no kernel for h_q 32" and failed["causal"] is True
     printed = capsys.readouterr().out
+    assert "plan+flash 10.0 us" in printed
     assert "4 configs (quick)" in printed and "p16 b2 s1 h128 L100 mc-off" in printed and "FAILED RuntimeError: no kernel for h_q 32" in printed
 
 
@@ -355,6 +361,31 @@ def test_flash_fn_computes_the_metadata_once(fake_kernel):
     a, b = fake_kernel.calls
     assert a["tile_scheduler_metadata"] is b["tile_scheduler_metadata"]
     assert a["out"] is not b["out"]  # allocated per call, as FlashMLA's callers do
+
+
+def test_plan_flash_fn_plans_on_the_device_every_call(fake_kernel, fake_planner):
+    import mla
+
+    cfg = Config(64, 2, 1, 16, 100)
+    inp = bench.make_inputs(cfg, device="cpu")
+    call = bench.make_plan_flash_fn(mla, "2wg", cfg, inp, num_sms=8)
+    call()
+    call()
+    assert len(fake_planner.calls) == 2 and len(fake_kernel.calls) == 2
+    for planned, launched in zip(fake_planner.calls, fake_kernel.calls):
+        assert planned["cache_seqlens"] is inp.cache_seqlens
+        assert launched["tile_scheduler_metadata"] is planned["tile_scheduler_metadata"]  # this call's plan
+    assert fake_kernel.calls[0]["tile_scheduler_metadata"] is not fake_kernel.calls[1]["tile_scheduler_metadata"]
+
+
+def test_eager_plan_column_is_dash_for_rows_without_it():
+    row = {"b": 1, "s_q": 1, "h_q": 16, "seqlen": 1024, "varlen": False, "pipeline": "2wg", "page_size": 64,
+           "dtype": "bf16", "error": None, "us": 15.0, "eager_run_us": 16.0, "eager_flash_us": 17.0, "gbps": 81.0,
+           "tflops": 2.4, "roofline_frac": 0.02, "bound": "memory"}
+    run = regenerate.Run("r.json", {"git": {"short": "abc1234"}})
+    header, _, line = regenerate._page_table([(row, run)], {}, "NVIDIA H200")
+    assert "| us | eager run us | eager flash us | eager plan+flash us | GB/s |" in header
+    assert line.startswith("| 1 | 1 | 16 | 1024 | 2wg | 15.0 | 16.0 | 17.0 | - | 81 |")
 
 
 def test_cli_refuses_without_a_gpu():
@@ -401,10 +432,10 @@ def test_regenerate_from_fixture(fixture_results, tmp_path):
     # replaces the full run's 250 us), anchors side by side, the failure visible.
     assert readme.index("## NVIDIA H100 80GB HBM3") < readme.index("## NVIDIA H200")
     for line in [
-        "| 128 | 1 | 128 | 4096 | 2wg | 220.0 | 221.3 | 223.9 | 2907 | 663.8 | 94.8 | compute | 224.1 | 1.02 | 273.7 | 1.24 | 2222222 |",
-        "| 1 | 1 | 16 | 1024 | 2wg | 15.0 | - | - | 81 | 2.4 | 2.0 | memory | 14.1 | 0.94 | 17.1 | 1.14 | 1111111 |",
-        "| 128 | 2 | 128 | 4096 | 2wg | FAILED | - | - | - | - | - | - | 435.4 | - | 541.2 | - | 1111111 |",
-        "| 128 | 1 | 128 | 16384 varlen | 2wg | 1000.0 | - | - | 2438 | 580.7 | 83.0 | compute | 1007.0 | 1.01 | - | - | 1111111 |",
+        "| 128 | 1 | 128 | 4096 | 2wg | 220.0 | 221.3 | 223.9 | 230.4 | 2907 | 663.8 | 94.8 | compute | 224.1 | 1.02 | 273.7 | 1.24 | 2222222 |",
+        "| 1 | 1 | 16 | 1024 | 2wg | 15.0 | - | - | - | 81 | 2.4 | 2.0 | memory | 14.1 | 0.94 | 17.1 | 1.14 | 1111111 |",
+        "| 128 | 2 | 128 | 4096 | 2wg | FAILED | - | - | - | - | - | - | - | 435.4 | - | 541.2 | - | 1111111 |",
+        "| 128 | 1 | 128 | 16384 varlen | 2wg | 1000.0 | - | - | - | 2438 | 580.7 | 83.0 | compute | 1007.0 | 1.01 | - | - | 1111111 |",
         # page 1: FlashInfer's page-1 anchor only (FlashMLA has none at that page size)
         # (no eager columns: no row of this table has eager times)
         "| b | s_q | h_q | seqlen | pipeline | us | GB/s | TFLOP/s | % roofline | bound | FlashInfer us | xFlashInfer | run |",
@@ -428,7 +459,8 @@ def test_regenerate_from_fixture(fixture_results, tmp_path):
     assert superseded["roofline_pct"] == "83.45" and superseded["bound"] == "compute"
     assert by_us[("perf_h200_quick.json", "220.00")]["eager_run_us"] == "221.30"
     assert by_us[("perf_h200_quick.json", "220.00")]["eager_flash_us"] == "223.90"
-    assert superseded["eager_run_us"] == ""  # a run without eager times
+    assert by_us[("perf_h200_quick.json", "220.00")]["eager_plan_run_us"] == "230.40"
+    assert superseded["eager_run_us"] == superseded["eager_plan_run_us"] == ""  # a run without eager times
     failed = [r for r in rows if r["error"]]
     assert len(failed) == 1 and failed[0]["us"] == "" and failed[0]["xFlashMLA"] == ""
     assert failed[0]["error"].startswith("RuntimeError: kernel exploded\n")

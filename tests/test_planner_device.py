@@ -76,6 +76,41 @@ def test_model_walk_steps_cover_every_branch():
         assert_model_matches_host(lengths, parts, fixed_cost=0)
 
 
+def test_walk_step_exhaustive_on_small_budgets():
+    # _walk_step (branch-free, with cost_mod) against the host planner's own loop for one request,
+    # for every budget a part can hold and every small tile count: fit, split into one or several
+    # further parts, part closed unused.
+    def host_step(budget, nb, target, fixed_cost):
+        block = 0
+        while True:
+            cost = nb - block + fixed_cost
+            if cost <= budget:
+                return budget - cost
+            if budget > fixed_cost:
+                block += budget - fixed_cost
+            budget = target + fixed_cost
+
+    for fixed_cost in range(4):
+        for target in range(1, 13):
+            payload = target + fixed_cost
+            for nb in range(41):
+                costm = planner_kernel.cost_mod(nb, target, fixed_cost)
+                for budget in range(payload + 1):
+                    want = host_step(budget, nb, target, fixed_cost)
+                    got = planner_kernel._walk_step(budget, nb + fixed_cost, costm, payload, target, fixed_cost)
+                    assert got == want, (budget, nb, target, fixed_cost)
+                    assert device_walk_step(budget, nb + fixed_cost, costm, payload, target, fixed_cost) == want
+
+
+def device_walk_step(budget, cost, costm, payload, target, fixed_cost, bits=32):
+    """The kernel's form of _walk_step (SplitPlanner._walk): a select, an unsigned min, a select."""
+    mask = (1 << bits) - 1
+    kept = budget - cost if budget >= cost else payload - costm
+    d, d_wrapped = budget - costm, budget + (target - costm)
+    split_left = min(d & mask, d_wrapped & mask)  # as unsigned: d when d >= 0, else d + target
+    return kept if budget >= cost or budget <= fixed_cost else split_left
+
+
 def test_check_limits():
     planner_kernel.check_limits(planner_kernel.MAX_BATCH, planner_kernel.MAX_PARTS)
     with pytest.raises(ValueError, match=f"batches of up to {planner_kernel.MAX_BATCH} requests.*planner='host'"):
@@ -103,7 +138,21 @@ def test_planner_kernel_compiles_for_sm90a(tmp_path):
     assert fn.artifacts.CUBIN[:4] == b"\x7fELF"
     ptx = fn.artifacts.PTX
     assert ".target sm_90a" in ptx and ".reqntid 256, 1, 1" in ptx
-    assert ptx.count("bar.sync") == 4, "four phases, three barriers between them plus the scan's"
+    assert ptx.count("bar.sync") == 5, "phases 1, 1b, 2, 3 (with the scan's) and 4: five barriers"
+    # Dynamic shared memory only, sized per launch (a static array would be reserved whatever b is).
+    assert ".extern .shared .align 16 .b8" in ptx
+    assert not [line for line in ptx.splitlines() if ".shared" in line and "[" in line and "extern" not in line
+                and not line.strip().startswith(("st.", "ld.", "atom.", "red."))]
+    # The walk moves costs and budgets with vector accesses.
+    assert "ld.shared.v4" in ptx and "st.shared.v4" in ptx
+
+
+def test_shared_memory_follows_the_batch():
+    words = planner_kernel.smem_words
+    assert planner_kernel.smem_bytes(planner_kernel.MAX_BATCH, planner_kernel.MAX_PARTS) <= planner_kernel.SMEM_LIMIT
+    assert planner_kernel.smem_bytes(128, 132) < 4 * 1024, "b = 128 takes a few KB, not the largest batch's"
+    assert words(1, 1) == words(32, 1) < words(33, 1), "whole walk chunks"
+    assert words(0, 5) == planner_kernel.HEADER_WORDS + 15
 
 
 # ---------------------------------------------------------------------------------- planner choice
