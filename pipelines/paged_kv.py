@@ -117,7 +117,10 @@ class PagedKVLoader:
                  rolled_boxes: bool = False):
         check_page_size(page_size)
         self.dtype = dtype
-        # TMA loader only: issue a tile's boxes in a loop instead of unrolled (see TmaPagedKV.load_tile).
+        # Accepted for the variants that ask for it (3wg's producer with few registers), but without
+        # effect now: it issued a tile's 2 or 4 boxes in a loop from one warp, and every tile of
+        # several boxes per CTA is now issued one box per warp (TmaPagedKV.warp_per_box); a tile of
+        # one box was never rolled.
         self.rolled_boxes = rolled_boxes
         self.page_size = page_size
         self.head_dim = head_dim
@@ -269,8 +272,6 @@ class TmaPagedKV(PagedKVLoader):
         if const_expr(self.warp_per_box):
             self._load_box_of_warp(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, rank,
                                    producer_tidx, page)
-        elif const_expr(self.rolled_boxes and self.boxes_per_cta > 1):
-            self._load_boxes_rolled(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head, rank)
         else:
             self._load_boxes_unrolled(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
                                       rank)
@@ -301,6 +302,8 @@ class TmaPagedKV(PagedKVLoader):
     @cute.jit
     def _load_boxes_unrolled(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
                              rank):
+        """One warp issues this CTA's boxes of the tile: since warp_per_box, always exactly one box
+        (pages 64 and 128, and page 32 in a 2-CTA cluster), the code as it was for those pages."""
         P = self.page_size
         box = self.box_rows
         # Page ids first: the block_table loads of all boxes go out together, before the wait for the
@@ -322,33 +325,6 @@ class TmaPagedKV(PagedKVLoader):
                           tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1))
             else:
                 cute.copy(tma_k, tKgK[None, in_page, kv_head, pages[b]], tKsK[None, box_idx, state.index],
-                          tma_bar_ptr=bar)
-
-    @cute.jit
-    def _load_boxes_rolled(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head, rank):
-        """The boxes in a loop, one per iteration, for a producer with few registers (3wg's producer
-        warpgroup). Unrolled, every box's 9 TMA issues (a 576-column box is 9 swizzle-wide copies,
-        each behind its own elect) get their descriptor math hoisted together, and 2 or 4 boxes then
-        need far more than 40-56 registers per thread. The page ids still go out together, before
-        the stage wait: lane b loads box b's page id, and iteration b takes it with a shuffle (a
-        dynamic index into a register array would go to local memory)."""
-        P = self.page_size
-        box = self.box_rows
-        lane_box = cutlass.min(cute.arch.lane_idx(), self.boxes_per_cta - 1)  # lanes past the boxes repeat the last
-        token = blk * TILE_TOKENS + (rank * self.boxes_per_cta + lane_box) * box
-        lane_page = mBlockTable[r, cutlass.min(token // P, last_page)]  # past the end: the last valid page
-        pipe.producer_acquire(state)
-        bar = pipe.producer_get_barrier(state)
-        for b in cutlass.range(self.boxes_per_cta, unroll=1):
-            page = cute.arch.shuffle_sync(lane_page, b)
-            box_idx = rank * self.boxes_per_cta + b
-            token = blk * TILE_TOKENS + box_idx * box
-            in_page = (token % P) // box
-            if const_expr(self.cluster > 1):
-                cute.copy(tma_k, tKgK[None, in_page, kv_head, page], tKsK[None, box_idx, state.index],
-                          tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1))
-            else:
-                cute.copy(tma_k, tKgK[None, in_page, kv_head, page], tKsK[None, box_idx, state.index],
                           tma_bar_ptr=bar)
 
 
@@ -434,7 +410,7 @@ class GatherPagedKV(PagedKVLoader):
 
 def make_loader(dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
                 rolled_boxes: bool = False) -> PagedKVLoader:
-    """The loader for ``page_size`` (TMA for >= 16, cp.async gather below). ``rolled_boxes``: issue a
-    TMA tile's boxes in a loop (for a producer with few registers; no effect on the gather)."""
+    """The loader for ``page_size`` (TMA for >= 16, cp.async gather below). ``rolled_boxes``: no
+    effect (see ``PagedKVLoader.__init__``)."""
     cls = TmaPagedKV if uses_tma(page_size) else GatherPagedKV
     return cls(dtype, page_size, head_dim, stages, cluster, rolled_boxes)
