@@ -14,7 +14,9 @@ which one ran:
   block_table (a 128-token page gives a tile from one half of a page: a row offset inside the
   page). All boxes complete on the stage's one mbarrier, whose expected transaction count is the
   whole tile. With a cluster of 2 CTAs (the m-blocks of one request, see ``cluster_size``) each CTA
-  issues half of every tile's boxes and multicasts them to both CTAs.
+  issues half of every tile's boxes and multicasts them to both CTAs. Pages of 16 and 32 tokens
+  (a CTA's share of the tile is several boxes) spread the boxes over producer warps, one box per
+  warp, each warp's page id read a tile early (``TmaPagedKV.warp_per_box``).
 - ``GatherPagedKV`` (page_size < 16: 1, 2, 4, 8). No TMA box fits the 8-row swizzle atom of a page
   this small, so each token row is gathered with 16-byte cp.async (LDGSTS): 8 threads per row, 9
   chunks each, the row's address from block_table. 128 producer threads each commit their copies
@@ -115,7 +117,10 @@ class PagedKVLoader:
                  rolled_boxes: bool = False):
         check_page_size(page_size)
         self.dtype = dtype
-        # TMA loader only: issue a tile's boxes in a loop instead of unrolled (see TmaPagedKV.load_tile).
+        # Accepted for the variants that ask for it (3wg's producer with few registers), but without
+        # effect now: it issued a tile's 2 or 4 boxes in a loop from one warp, and every tile of
+        # several boxes per CTA is now issued one box per warp (TmaPagedKV.warp_per_box); a tile of
+        # one box was never rolled.
         self.rolled_boxes = rolled_boxes
         self.page_size = page_size
         self.head_dim = head_dim
@@ -134,9 +139,41 @@ class PagedKVLoader:
 
 class TmaPagedKV(PagedKVLoader):
     """TMA boxes of ``box_rows`` tokens x 576 dims, one per page (or page slice) of the tile; with a
-    cluster, each CTA issues its ``1 / cluster`` of the boxes and multicasts them to every CTA."""
+    cluster, each CTA issues its ``1 / cluster`` of the boxes and multicasts them to every CTA.
 
-    producer_warps = 1  # one warp: the DSL's TMA issue elects one lane itself
+    Who issues (``warp_per_box``). Pages of 64 and 128 tokens (and page 32 in a 2-CTA cluster): one
+    box per CTA and tile, issued by one warp. Pages of 16 and 32 tokens otherwise: a CTA's share of a
+    tile is 2 or 4 boxes (page 16: 4 pages x 9 column copies = 36 TMA instructions per tile), and
+    each box is issued by its own producer warp (``producer_warps = boxes_per_cta``), warp w box w:
+
+    - Why warps and not the 32 lanes of one warp: a TMA load (UTMALDG) takes its smem address,
+      barrier and coordinates in *uniform* registers, issued once per warp (the SASS of the old
+      single-warp path: ``UTMALDG.3D [UR16], [UR34]`` after ``R2UR`` of the page id). 32 lanes
+      each issuing a box with their own page id do not issue in parallel: ptxas turns the lane-
+      divergent operands into a loop over the lanes, one UTMALDG per iteration on the warp's one
+      uniform datapath, so the issue stays serial. Each warp has its own uniform datapath, so 4
+      warps issue their 9 copies each side by side, and the tile's last copy reaches the TMA unit
+      about 4x sooner (the single warp spends ~15 uniform instructions of descriptor and smem
+      address bookkeeping per copy, ~500 per tile at page 16).
+    - Why not fewer copies: a copy is at most 64 columns wide, since a 128B-swizzled TMA box's
+      inner dimension is at most 128 bytes. A 3-D box (64 columns, rows, 9 column blocks) would be
+      one instruction, but TMA writes a box densely (column block stride ``rows x 64``), while the
+      stage puts column block c at ``c x 64 x 64`` (the wgmma layout of the 64-token tile): the two
+      agree only for a 64-row box, i.e. not for pages of 16 or 32. Several pages in one box need
+      consecutive pages in memory, which a random block_table does not give.
+    - Barrier: the full barrier expects ``producer_warps`` arrivals, each warp's elected lane
+      arrives with ``arrive.expect_tx`` of its own box's bytes (``tile_bytes / producer_warps``)
+      before issuing that box (``producer_acquire``), so a warp's copies never complete ahead of
+      its own expect_tx. A box of another warp (or of the peer CTA, multicast) may land before this
+      warp's expect_tx: the transaction count then goes transiently negative (PTX allows
+      -(2^20 - 1)), and the phase cannot complete while an arrival is missing, so it completes
+      exactly when every warp has arrived and every byte has landed -- the same reasoning the
+      multicast cluster already relies on for the peer's boxes.
+    - Page ids read early: the caller may pass this warp's page id of the tile (``page_id``, one
+      block_table load per warp, all lanes the same address), loaded before it waits for the P.V
+      that frees the stage (variant_2wg), so the load's latency is off the path from "stage free"
+      to "TMA issued". Without it, ``load_tile`` reads it itself.
+    """
 
     def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
                  rolled_boxes: bool = False):
@@ -150,6 +187,13 @@ class TmaPagedKV(PagedKVLoader):
         # multiples of 8, so every box starts on a 128B-swizzle atom boundary of the stage.
         self.box_rows = min(page_size, self.rows_per_cta)
         self.boxes_per_cta = self.rows_per_cta // self.box_rows
+        # One producer warp per box where a CTA issues several boxes per tile (pages 16 and 32; see
+        # the class docstring); else one warp issues the tile (pages 64 and 128, unchanged). At most
+        # 4 warps: one warpgroup (page 16 without a cluster).
+        self.warp_per_box = self.boxes_per_cta > 1
+        self.producer_warps = self.boxes_per_cta if self.warp_per_box else 1
+        if self.tile_bytes % (self.producer_warps * self.cluster):
+            raise ValueError("tile bytes do not split evenly over the producer warps")
 
     def box_smem_layout(self, sK_layout):
         """The smem layout of one box (rows 0..box_rows-1 of stage 0): what the TMA atom writes.
@@ -177,16 +221,40 @@ class TmaPagedKV(PagedKVLoader):
             # mcast_mode_mn=(1, 1) lanes 0..cluster-1 of each consumer warp arrive on the empty
             # barrier of CTA rank 0..cluster-1.
             cta_layout = cute.make_layout((1, self.cluster, 1, 1))
+        # One arrive.expect_tx per producer warp, each for its share of the tile: with one box per
+        # warp every warp's boxes carry tile_bytes / producer_warps into this CTA's stage (in a
+        # cluster: its own box and the peer's box of the same index, which multicast here too).
         return pipeline.PipelineTmaAsync.create(
             barrier_storage=barrier_ptr, num_stages=self.stages,
-            producer_group=pipeline.CooperativeGroup(thread, 1),
+            producer_group=pipeline.CooperativeGroup(thread, self.producer_warps),
             consumer_group=pipeline.CooperativeGroup(thread, consumer_warps * self.cluster),
-            tx_count=self.tile_bytes, cta_layout_vmnk=cta_layout, defer_sync=True)
+            tx_count=self.tile_bytes // self.producer_warps, cta_layout_vmnk=cta_layout, defer_sync=True)
+
+    def prefetches_page(self) -> bool:
+        """True when the caller may read this warp's page id early (``page_id``) and hand it to
+        ``load_tile`` (the warp-per-box path); the other paths read their page ids themselves."""
+        return self.warp_per_box
+
+    @cute.jit
+    def page_id(self, mBlockTable: cute.Tensor, r: Int32, blk: Int32, seqlen: Int32, producer_tidx: Int32):
+        """block_table entry of the box producer warp ``producer_tidx // 32`` issues for tile ``blk``
+        of request ``r`` (warp-per-box path). A box past the request's end (a tail tile, or a tile
+        index past the last one: callers may ask before knowing it is needed) gets the last valid
+        page, never an entry the request does not own; such rows are masked and zeroed downstream."""
+        P = self.page_size
+        warp = cute.arch.make_warp_uniform(producer_tidx // 32)
+        rank = Int32(0)
+        if const_expr(self.cluster > 1):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        token = blk * TILE_TOKENS + (rank * self.boxes_per_cta + warp) * self.box_rows
+        return mBlockTable[r, cutlass.min(token // P, (seqlen - 1) // P)]
 
     @cute.jit
     def load_tile(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, mBlockTable: cute.Tensor,
-                  pipe, state, r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32):
-        """Acquire the stage, then issue this CTA's boxes of tile ``blk`` of request ``r``."""
+                  pipe, state, r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32,
+                  page=None):
+        """Acquire the stage, then issue this CTA's boxes of tile ``blk`` of request ``r`` (warp-per-box
+        path: this warp's box; ``page``, if given, is its ``page_id`` read earlier)."""
         P = self.page_size
         box = self.box_rows
         # gK: (box, dim, boxes per page, kv_head, page); sKb: (box, dim, boxes per tile, stage).
@@ -201,15 +269,41 @@ class TmaPagedKV(PagedKVLoader):
         if const_expr(self.cluster > 1):
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         last_page = (seqlen - 1) // P  # the request's last valid page (the tile has >= 1 token)
-        if const_expr(self.rolled_boxes and self.boxes_per_cta > 1):
-            self._load_boxes_rolled(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head, rank)
+        if const_expr(self.warp_per_box):
+            self._load_box_of_warp(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, rank,
+                                   producer_tidx, page)
         else:
             self._load_boxes_unrolled(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
                                       rank)
 
     @cute.jit
+    def _load_box_of_warp(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, rank,
+                          producer_tidx, page):
+        """Warp w of the producers issues box w of this CTA's share: its 9 column copies, on the stage
+        barrier after its own arrive.expect_tx of one box's share of the tile (``producer_acquire``:
+        empty wait, then an elected arrive.expect_tx; see the class docstring for the ordering)."""
+        P = self.page_size
+        box = self.box_rows
+        warp = cute.arch.make_warp_uniform(producer_tidx // 32)
+        if const_expr(page is None):
+            page = self.page_id(mBlockTable, r, blk, seqlen, producer_tidx)
+        box_idx = rank * self.boxes_per_cta + warp  # box of the tile: its rows box_idx * box ...
+        token = blk * TILE_TOKENS + box_idx * box
+        in_page = (token % P) // box  # 0 for the pages of this path (box_rows == page_size)
+        pipe.producer_acquire(state)
+        bar = pipe.producer_get_barrier(state)
+        if const_expr(self.cluster > 1):
+            cute.copy(tma_k, tKgK[None, in_page, kv_head, page], tKsK[None, box_idx, state.index],
+                      tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1))
+        else:
+            cute.copy(tma_k, tKgK[None, in_page, kv_head, page], tKsK[None, box_idx, state.index],
+                      tma_bar_ptr=bar)
+
+    @cute.jit
     def _load_boxes_unrolled(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
                              rank):
+        """One warp issues this CTA's boxes of the tile: since warp_per_box, always exactly one box
+        (pages 64 and 128, and page 32 in a 2-CTA cluster), the code as it was for those pages."""
         P = self.page_size
         box = self.box_rows
         # Page ids first: the block_table loads of all boxes go out together, before the wait for the
@@ -231,33 +325,6 @@ class TmaPagedKV(PagedKVLoader):
                           tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1))
             else:
                 cute.copy(tma_k, tKgK[None, in_page, kv_head, pages[b]], tKsK[None, box_idx, state.index],
-                          tma_bar_ptr=bar)
-
-    @cute.jit
-    def _load_boxes_rolled(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head, rank):
-        """The boxes in a loop, one per iteration, for a producer with few registers (3wg's producer
-        warpgroup). Unrolled, every box's 9 TMA issues (a 576-column box is 9 swizzle-wide copies,
-        each behind its own elect) get their descriptor math hoisted together, and 2 or 4 boxes then
-        need far more than 40-56 registers per thread. The page ids still go out together, before
-        the stage wait: lane b loads box b's page id, and iteration b takes it with a shuffle (a
-        dynamic index into a register array would go to local memory)."""
-        P = self.page_size
-        box = self.box_rows
-        lane_box = cutlass.min(cute.arch.lane_idx(), self.boxes_per_cta - 1)  # lanes past the boxes repeat the last
-        token = blk * TILE_TOKENS + (rank * self.boxes_per_cta + lane_box) * box
-        lane_page = mBlockTable[r, cutlass.min(token // P, last_page)]  # past the end: the last valid page
-        pipe.producer_acquire(state)
-        bar = pipe.producer_get_barrier(state)
-        for b in cutlass.range(self.boxes_per_cta, unroll=1):
-            page = cute.arch.shuffle_sync(lane_page, b)
-            box_idx = rank * self.boxes_per_cta + b
-            token = blk * TILE_TOKENS + box_idx * box
-            in_page = (token % P) // box
-            if const_expr(self.cluster > 1):
-                cute.copy(tma_k, tKgK[None, in_page, kv_head, page], tKsK[None, box_idx, state.index],
-                          tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1))
-            else:
-                cute.copy(tma_k, tKgK[None, in_page, kv_head, page], tKsK[None, box_idx, state.index],
                           tma_bar_ptr=bar)
 
 
@@ -308,9 +375,12 @@ class GatherPagedKV(PagedKVLoader):
         if cute.arch.lane_idx() == 0:
             pipe.consumer_release(state)
 
+    def prefetches_page(self) -> bool:
+        return False  # every thread reads its rows' page ids in load_tile
+
     @cute.jit
     def load_tile(self, tma_k, mK: cute.Tensor, sK: cute.Tensor, mBlockTable: cute.Tensor, pipe, state,
-                  r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32):
+                  r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32, page=None):
         """Acquire the stage, then gather tile ``blk`` of request ``r``: thread t copies chunks
         ``t % 8 + 8 c`` (c < 9) of rows ``t // 8 + 16 p`` (p < 4), skipping rows past the end."""
         P = self.page_size
@@ -340,7 +410,7 @@ class GatherPagedKV(PagedKVLoader):
 
 def make_loader(dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
                 rolled_boxes: bool = False) -> PagedKVLoader:
-    """The loader for ``page_size`` (TMA for >= 16, cp.async gather below). ``rolled_boxes``: issue a
-    TMA tile's boxes in a loop (for a producer with few registers; no effect on the gather)."""
+    """The loader for ``page_size`` (TMA for >= 16, cp.async gather below). ``rolled_boxes``: no
+    effect (see ``PagedKVLoader.__init__``)."""
     cls = TmaPagedKV if uses_tma(page_size) else GatherPagedKV
     return cls(dtype, page_size, head_dim, stages, cluster, rolled_boxes)

@@ -36,7 +36,7 @@ class MLADecodeBase:
 
     num_threads = 256
     kv_stages = 2
-    rolled_boxes = False  # TMA boxes of a tile issued in a loop (a producer with few registers: 3wg)
+    rolled_boxes = False  # no effect now (paged_kv: tiles of several boxes are issued one box per warp)
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True):

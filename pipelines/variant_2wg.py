@@ -176,8 +176,10 @@ class MLADecode2WG(MLADecodeBase):
         tOcO = layouts.acc_mn_view(thr_pv.partition_C(cO))
         n_rows_thr = cute.size(tOcO, mode=[0])
         # Producers: the first warp of WG1 issues Q (TMA); the loader's first ``producer_warps`` warps
-        # of WG1 issue the K tiles (TMA: the first warp; cp.async gather: all four, because a 72 KB
-        # tile is 4608 16-byte copies, 36 per thread over 128 threads, 144 for one warp). WG1 issues
+        # of WG1 issue the K tiles (TMA pages 64/128: the first warp; TMA pages 16/32: one warp per
+        # box of the tile, 2 or 4, because one warp issues its TMA copies serially, see
+        # paged_kv.TmaPagedKV; cp.async gather: all four, because a 72 KB tile is 4608 16-byte
+        # copies, 36 per thread over 128 threads, 144 for one warp). WG1 issues
         # because it has the slack: WG0 also does QK and the softmax on the critical path. Whole warps
         # run the producer code: the DSL's TMA issue and expect-tx arrive elect one lane with a
         # full-warp elect.sync, which deadlocks under a one-lane branch.
@@ -205,6 +207,14 @@ class MLADecode2WG(MLADecodeBase):
             acc_o_mn = layouts.acc_mn_view(acc_o)
             row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
             for blk in cutlass.range(start, stop, unroll=1):
+                if const_expr(self.loader.prefetches_page()):
+                    # The page id of this warp's box of tile blk + kv_stages, read now (before the waits
+                    # for P and the stage, and the P.V) so that its latency is hidden by them instead of
+                    # sitting between the stage's release and the TMA issue below. A tile index past
+                    # the chunk reads the last valid page (clamped) and is not used.
+                    next_page = Int32(0)
+                    if is_k_producer:
+                        next_page = self.loader.page_id(mBlockTable, r, blk + self.kv_stages, seqlen, wg_tidx)
                 cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
                 for i in cutlass.range_constexpr(n_rows_thr):
                     row_scale[i] = s_row_scale[tOcO[i, 0][0]]
@@ -224,8 +234,12 @@ class MLADecode2WG(MLADecodeBase):
                 k_state.advance()
                 if is_k_producer:
                     if blk + self.kv_stages < stop:
-                        self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk + self.kv_stages,
-                                              seqlen, kv_head, wg_tidx)
+                        if const_expr(self.loader.prefetches_page()):
+                            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r,
+                                                  blk + self.kv_stages, seqlen, kv_head, wg_tidx, page=next_page)
+                        else:
+                            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r,
+                                                  blk + self.kv_stages, seqlen, kv_head, wg_tidx)
                         k_prod.advance()
             cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
             row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
