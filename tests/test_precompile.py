@@ -22,7 +22,7 @@ def configs(argv):
 def test_every_combination_once_causal_only_where_it_exists(monkeypatch):
     monkeypatch.delenv("MLA_MULTICAST", raising=False)
     found, skipped = configs(["--dtype", "bf16", "fp16", "bfloat16", "--heads-q", "128", "16", "--seqlen-q", "1", "2",
-                              "--page-size", "64"])
+                              "--page-size", "64", "--pipeline", "2wg"])
     assert skipped == []
     # (..., h_kv, cluster): 128 rows and more at a TMA page size run as 2-CTA multicast clusters.
     assert found == [
@@ -33,31 +33,35 @@ def test_every_combination_once_causal_only_where_it_exists(monkeypatch):
         ("2wg", "float16", 128, 2, 64, True, 1, 2, "float32"), ("2wg", "float16", 16, 1, 64, False, 1, 1, "float32"),
         ("2wg", "float16", 16, 2, 64, False, 1, 1, "float32"), ("2wg", "float16", 16, 2, 64, True, 1, 1, "float32"),
     ]
-    assert configs(["--seqlen-q", "2", "--causal", "yes", "--page-size", "64"])[0] == [
+    assert configs(["--seqlen-q", "2", "--causal", "yes", "--page-size", "64", "--pipeline", "2wg"])[0] == [
         ("2wg", "bfloat16", 128, 2, 64, True, 1, 2, "float32")]
     # Multicast: the environment's switch by default; both where a cluster exists, one entry elsewhere.
     monkeypatch.setenv("MLA_MULTICAST", "0")
-    assert configs(["--page-size", "64"])[0] == [("2wg", "bfloat16", 128, 1, 64, False, 1, 1, "float32")]
-    assert configs(["--page-size", "64", "1", "--multicast", "both"])[0] == [
+    assert configs(["--page-size", "64", "--pipeline", "2wg"])[0] == [("2wg", "bfloat16", 128, 1, 64, False, 1, 1, "float32")]
+    assert configs(["--page-size", "64", "1", "--multicast", "both", "--pipeline", "2wg"])[0] == [
         ("2wg", "bfloat16", 128, 1, 64, False, 1, 2, "float32"), ("2wg", "bfloat16", 128, 1, 64, False, 1, 1, "float32"),
         ("2wg", "bfloat16", 128, 1, 1, False, 1, 1, "float32")]
     # Partial dtypes: MLA_PARTIAL_DTYPE by default (float32), or both.
-    assert configs(["--page-size", "64", "--heads-q", "16", "--partial", "both"])[0] == [
+    assert configs(["--page-size", "64", "--heads-q", "16", "--partial", "both", "--pipeline", "2wg"])[0] == [
         ("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32"), ("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "bfloat16")]
     # Default page sizes: every one the pipeline supports.
     import pipelines
     assert {c[4] for c in configs([])[0]} == set(pipelines.supported_page_sizes("2wg"))
+    # Every pipeline with a kernel by default.
+    assert {c[0] for c in configs(["--page-size", "64"])[0]} == set(pipelines.available_variants())
 
 
-def test_invalid_combinations_are_reported_not_compiled():
+def test_invalid_combinations_are_reported_not_compiled(monkeypatch):
     found, skipped = configs(["--heads-q", "256", "6", "--heads-k", "1", "4", "--seqlen-q", "1", "5",
-                              "--page-size", "64"])
+                              "--page-size", "64", "--pipeline", "2wg"])
     assert found == [("2wg", "bfloat16", 256, 1, 64, False, 4, 1, "float32"), ("2wg", "bfloat16", 6, 1, 64, False, 1, 1, "float32")]
     assert "2wg bfloat16 h_q=256 h_kv=1 s_q=1 page=64: h_q / h_kv > 128" in skipped
     assert "2wg bfloat16 h_q=6 h_kv=4 s_q=1 page=64: h_q is not a multiple of h_kv" in skipped
     assert "2wg bfloat16 h_q=6 h_kv=1 s_q=5 page=64: s_q > 4" in skipped
-    assert configs(["--page-size", "3"])[0] == [] and configs(["--page-size", "3"])[1][0].endswith(
+    assert configs(["--page-size", "3", "--pipeline", "2wg"])[0] == [] and configs(["--page-size", "3", "--pipeline", "2wg"])[1][0].endswith(
         "page=3: page size not supported by 2wg (1, 2, 4, 8, 16, 32, 64, 128)")
+    import pipelines
+    monkeypatch.setattr(pipelines, "_WITH_KERNEL", ("2wg",))  # a variant without a kernel is refused
     with pytest.raises(ValueError, match="has no kernel yet"):
         configs(["--pipeline", "3wg"])
     with pytest.raises(ValueError, match="--pipeline must be among"):
@@ -73,7 +77,7 @@ def _run(args, cache_dir, **env):
 
 
 def test_precompile_stores_and_a_new_process_finds_it(tmp_path):
-    args = ["--heads-q", "16", "--page-size", "64", "--jobs", "1"]
+    args = ["--heads-q", "16", "--page-size", "64", "--jobs", "1", "--pipeline", "2wg"]
     first = _run(args, tmp_path)
     assert first.returncode == 0, first.stderr[-3000:]
     assert "2 entries into" in first.stdout and "] 1/2 split planner kernel" in first.stdout
