@@ -59,11 +59,6 @@ LANE_COLS = 4  # columns per lane per load: 16 bytes of fp32
 CHUNK = 32 * LANE_COLS  # columns a warp covers with one load per lane
 CHUNKS = HEAD_DIM_V // CHUNK  # 4
 LOADS_IN_FLIGHT = 8
-MIN_BLOCKS_PER_SM = 4
-"""Launch bound: ptxas keeps the kernel at <= 64 registers so 4 CTAs (1024 threads) fit an SM. A merge
-of few splits per row is a short chain of dependent loads per CTA, so residency, not per-thread
-work, sets its speed (116 registers, 2 CTAs per SM, made the b64/b32 rows at 1024 keys 10-16 %
-slower than the old merge kernel on an H200)."""
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
@@ -143,10 +138,7 @@ class SplitMerge:
         y = cutlass.max((units + n_est - 2) // (n_est - 1), Int32(1))
         self.kernel(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE).launch(
             grid=[num_parts, y, 1], block=[THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream,
-            use_pdl=use_pdl, min_blocks_per_mp=MIN_BLOCKS_PER_SM,
-            # The carveout must be given with a register bound (the DSL would query a GPU for it):
-            # all shared memory, as the decode kernel it follows uses, so no SM reconfigures.
-            preferred_smem_carveout=100 if MIN_BLOCKS_PER_SM > 1 else None)
+            use_pdl=use_pdl)
 
     @cute.jit
     def _split_groups(self, n: Int32) -> Int32:
