@@ -85,7 +85,7 @@ def plan_configs(args: argparse.Namespace) -> tuple[list, list[str]]:
                  "both": (True, False)}[args.multicast]
     from pipelines.launch import partial_from_env
     partials = {"env": (partial_from_env(),), "float32": ("float32",), "input": ("input",),
-                "both": ("float32", "input")}[getattr(args, "partial", "env")]
+                "both": ("float32", "input")}[args.partial]
     available = pipelines.available_variants()
     variants = args.pipeline or available
     for v in variants:

@@ -27,6 +27,16 @@ class DecodeProblem:
     cache_seqlens: torch.Tensor
 
 
+def varlen(b: int, mean: int, seed: int, zeros: int = 1) -> list[int]:
+    """Seeded lengths ~ N(mean, mean/2) clipped at 0 and rounded, with ``zeros`` of them forced to 0
+    (the GPU tests' and ``scripts/diag_3wg.py``'s varlen batches)."""
+    g = torch.Generator().manual_seed(seed)
+    lens = (torch.randn(b, generator=g) * (mean / 2) + mean).clamp(min=0).round().int().tolist()
+    for i in range(min(zeros, b)):
+        lens[(i * 7919) % b] = 0
+    return lens
+
+
 def make_decode_problem(seqlens: Sequence[int], *, s_q: int = 1, h_q: int = 16, h_kv: int = 1,
                         page_size: int = 64, head_dim: int = HEAD_DIM_QK, dtype: torch.dtype = torch.bfloat16,
                         device="cpu", seed: int = 0, value_scale: float | None = None) -> DecodeProblem:

@@ -37,14 +37,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 
-def varlen(b: int, mean: int, seed: int, zeros: int = 1):
-    """tests/test_kernel_gpu.py's varlen (copied: that module needs pytest)."""
-    import torch
-    g = torch.Generator().manual_seed(seed)
-    lens = (torch.randn(b, generator=g) * (mean / 2) + mean).clamp(min=0).round().int().tolist()
-    for i in range(min(zeros, b)):
-        lens[(i * 7919) % b] = 0
-    return lens
+from mla.testing import varlen  # noqa: E402  (after the sys.path insert above)
 
 
 # name: (seqlens or a callable making them, s_q, h_q, h_kv, causal, dtype name, page size, num_sms or None)

@@ -95,7 +95,6 @@ class FakeKernel:
 
     def __call__(self, variant, dtype, num_heads_q, seqlen_q, page_size, causal, num_heads_k=1, partial=None):
         causal = bool(causal) and seqlen_q > 1  # as pipelines.launch.DecodeConfig normalises it
-        self.partials = getattr(self, "partials", []) + [partial]
         self.configs.append((variant, dtype, num_heads_q, seqlen_q, page_size, causal, num_heads_k))
 
         config = self.configs[-1]

@@ -10,16 +10,7 @@ import pytest
 import torch
 
 import pipelines
-from mla.testing import make_decode_problem
-
-
-def varlen(b: int, mean: int, seed: int, zeros: int = 1):
-    """Lengths ~ N(mean, mean/2) clipped at 0, with ``zeros`` of them forced to 0."""
-    g = torch.Generator().manual_seed(seed)
-    lens = (torch.randn(b, generator=g) * (mean / 2) + mean).clamp(min=0).round().int().tolist()
-    for i in range(min(zeros, b)):
-        lens[(i * 7919) % b] = 0
-    return lens
+from mla.testing import make_decode_problem, varlen
 
 
 def make_paged_case(seqlens, s_q, h_q, *, h_kv=1, page_size=64, dtype=torch.bfloat16, seed=0):
