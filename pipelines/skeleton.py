@@ -23,7 +23,7 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
-from pipelines import layouts, paged_kv
+from pipelines import layouts, paged_kv, softmax
 
 HEAD_DIM = 576  # 512 latent ("nope") dims + 64 RoPE dims
 HEAD_DIM_V = 512
@@ -250,6 +250,31 @@ class MLADecodeBase:
         split_base = mNumSplits[r]
         is_split = (mNumSplits[r + 1] - split_base) > 1
         return seqlen, n_blocks, start, stop, is_split, split_base + split_no
+
+    @cute.jit
+    def row_limits(self, seqlen: Int32, m_block: Int32, tScS: cute.Tensor) -> cute.Tensor:
+        """Per-row key limit of this thread's score rows: causal row ``s_idx`` sees keys
+        ``[0, seqlen - (s_q - 1 - s_idx))``, a non-causal row all ``seqlen``."""
+        n_rows = cute.size(tScS, mode=[0])
+        row_limit = cute.make_rmem_tensor(n_rows, Int32)
+        for i in cutlass.range_constexpr(n_rows):
+            row_limit[i] = seqlen
+            if const_expr(self.causal):
+                s_idx = (m_block * BLOCK_M + tScS[i, 0][0]) // self.heads_per_kv
+                row_limit[i] = seqlen - (self.s_q - 1 - s_idx)
+        return row_limit
+
+    @cute.jit
+    def softmax_tile(self, acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2):
+        """Mask the keys past each row's limit (only tail tiles can have any), then the online
+        softmax step in place: S becomes unnormalised P (fp32), ``row_scale`` the factor for O."""
+        s_mn = layouts.acc_mn_view(acc_s)
+        if (blk + 1) * BLOCK_N > seqlen - (self.s_q - 1):
+            for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+                for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
+                    if blk * BLOCK_N + tScS[i, j][1] >= row_limit[i]:
+                        s_mn[i, j] = -Float32.inf
+        softmax.online_softmax_step(s_mn, row_max, row_sum, row_scale, scale_log2)
 
     @cute.jit
     def tma_load_q(self, tma_q, mQ, sQ, pipe_q, q_state, m_block: Int32, kv_head: Int32, r: Int32):

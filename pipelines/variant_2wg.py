@@ -91,13 +91,7 @@ class MLADecode2WG(MLADecodeBase):
             row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
             row_max.fill(-Float32.inf)
             row_sum.fill(0.0)
-            # Per-row key limit: causal rows see keys [0, seqlen - (s_q - 1 - s_idx)).
-            row_limit = cute.make_rmem_tensor(n_rows_thr, Int32)
-            for i in cutlass.range_constexpr(n_rows_thr):
-                row_limit[i] = seqlen
-                if const_expr(self.causal):
-                    s_idx = (m_block * BLOCK_M + tScS[i, 0][0]) // self.heads_per_kv
-                    row_limit[i] = seqlen - (self.s_q - 1 - s_idx)
+            row_limit = self.row_limits(seqlen, m_block, tScS)
 
             pipe_q.consumer_wait(q_state)
             for blk in cutlass.range(start, stop, unroll=1):
@@ -110,14 +104,7 @@ class MLADecode2WG(MLADecodeBase):
                 warpgroup.commit_group()
                 warpgroup.wait_group(0)
 
-                s_mn = layouts.acc_mn_view(acc_s)
-                # Mask keys past each row's limit (only the tail tiles can have any).
-                if (blk + 1) * BLOCK_N > seqlen - (self.s_q - 1):
-                    for i in cutlass.range_constexpr(n_rows_thr):
-                        for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                            if blk * BLOCK_N + tScS[i, j][1] >= row_limit[i]:
-                                s_mn[i, j] = -Float32.inf
-                softmax.online_softmax_step(s_mn, row_max, row_sum, row_scale, scale_log2)
+                self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
 
                 rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
                 rP.store(acc_s.load().to(self.dtype))

@@ -225,18 +225,6 @@ class MLADecode3WG(MLADecodeBase):
         warpgroup.commit_group()
 
     @cute.jit
-    def softmax_tile(self, acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2):
-        """Mask the keys past each row's limit (only tail tiles can have any), then the online
-        softmax step in place: S becomes unnormalised P (fp32), ``row_scale`` the factor for O."""
-        s_mn = layouts.acc_mn_view(acc_s)
-        if (blk + 1) * BLOCK_N > seqlen - (self.s_q - 1):
-            for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-                for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    if blk * BLOCK_N + tScS[i, j][1] >= row_limit[i]:
-                        s_mn[i, j] = -Float32.inf
-        softmax.online_softmax_step(s_mn, row_max, row_sum, row_scale, scale_log2)
-
-    @cute.jit
     def hand_off_p(self, rP, tPsP, row_scale, s_row_scale, tScS, wg_tidx):
         """WG1 -> WG2: P (bf16) and the row factors into smem, once WG2 is done with the previous P."""
         pipeline.NamedBarrier(barrier_id=int(Bar.P_EMPTY), num_threads=CONSUMER_THREADS).arrive_and_wait()
@@ -283,13 +271,7 @@ class MLADecode3WG(MLADecodeBase):
             row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
             row_max.fill(-Float32.inf)
             row_sum.fill(0.0)
-            # Per-row key limit: causal rows see keys [0, seqlen - (s_q - 1 - s_idx)).
-            row_limit = cute.make_rmem_tensor(n_rows_thr, cutlass.Int32)
-            for i in cutlass.range_constexpr(n_rows_thr):
-                row_limit[i] = seqlen
-                if const_expr(self.causal):
-                    s_idx = (m_block * BLOCK_M + tScS[i, 0][0]) // self.heads_per_kv
-                    row_limit[i] = seqlen - (self.s_q - 1 - s_idx)
+            row_limit = self.row_limits(seqlen, m_block, tScS)
 
             # Q is released right after the chunk's last QK, so the producer can load the next
             # request's Q during the last P.V and the epilogue.
