@@ -19,7 +19,7 @@ so that a warp has at most ``LOADS_IN_FLIGHT`` splits per round (``G = 1`` up to
 they are many (b = 1, long context). Unit ``u`` goes to slot ``u % S`` and CTA row ``(u // S) % Y``
 of the grid (a grid-stride loop covers any ``Y``).
 
-``Y`` is chosen on the host without reading the plan: with ``n ~ max(num_parts / b, 1)`` chunks per
+``Y`` is chosen on the host without reading the plan: with ``n ~ max(num_parts // b, 2)`` chunks per
 request (uniform lengths) it is the units per slot, ``ceil(units(n) / (n - 1))``; skewed plans only
 make some CTAs loop more, and idle CTAs return before waiting for the main kernel.
 
@@ -36,7 +36,7 @@ triggers its dependents when it starts, so this grid is scheduled while the main
 kernel's completion and memory flush. The plan tensors are inputs of both kernels, so the slot test
 reads them before the wait.
 
-Layouts (docs/interfaces.md): o_accum [splits, rows, 512] fp32, lse_accum [splits, rows] fp32
+Layouts (docs/interfaces.md): o_accum [splits, rows, 512] fp32 or the input dtype (``partial_dtype``), lse_accum [splits, rows] fp32
 natural log (-inf = no key in that chunk), num_splits [b + 1] prefix sums, tile_scheduler_metadata
 [num_parts, 8], out [b, s_q, h_q, 512] (viewed as [b, rows, 512]: the API checks that the rows
 merge), lse [b, h_q, s_q], with row = s_idx * h_q + head for any number of kv heads.
