@@ -113,15 +113,9 @@ class PagedKVLoader:
 
     producer_warps: int
 
-    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
-                 rolled_boxes: bool = False):
+    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1):
         check_page_size(page_size)
         self.dtype = dtype
-        # Accepted for the variants that ask for it (3wg's producer with few registers), but without
-        # effect now: it issued a tile's 2 or 4 boxes in a loop from one warp, and every tile of
-        # several boxes per CTA is now issued one box per warp (TmaPagedKV.warp_per_box); a tile of
-        # one box was never rolled.
-        self.rolled_boxes = rolled_boxes
         self.page_size = page_size
         self.head_dim = head_dim
         self.stages = stages
@@ -175,9 +169,8 @@ class TmaPagedKV(PagedKVLoader):
       to "TMA issued". Without it, ``load_tile`` reads it itself.
     """
 
-    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
-                 rolled_boxes: bool = False):
-        super().__init__(dtype, page_size, head_dim, stages, cluster, rolled_boxes)
+    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1):
+        super().__init__(dtype, page_size, head_dim, stages, cluster)
         if page_size not in TMA_PAGE_SIZES:
             raise ValueError(f"TMA loader serves page sizes {TMA_PAGE_SIZES}, got {page_size}")
         if TILE_TOKENS % cluster:
@@ -273,7 +266,7 @@ class TmaPagedKV(PagedKVLoader):
             self._load_box_of_warp(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, rank,
                                    producer_tidx, page)
         else:
-            self._load_boxes_unrolled(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
+            self._load_boxes(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
                                       rank)
 
     @cute.jit
@@ -300,7 +293,7 @@ class TmaPagedKV(PagedKVLoader):
                       tma_bar_ptr=bar)
 
     @cute.jit
-    def _load_boxes_unrolled(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
+    def _load_boxes(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
                              rank):
         """One warp issues this CTA's boxes of the tile: since warp_per_box, always exactly one box
         (pages 64 and 128, and page 32 in a 2-CTA cluster), the code as it was for those pages."""
@@ -334,9 +327,8 @@ class GatherPagedKV(PagedKVLoader):
     producer_warps = 4
     threads_per_row = 8  # 8 x 16 B = one 128-byte swizzle row per warp quarter: full sectors, no bank conflicts
 
-    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
-                 rolled_boxes: bool = False):
-        super().__init__(dtype, page_size, head_dim, stages, cluster, rolled_boxes)
+    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1):
+        super().__init__(dtype, page_size, head_dim, stages, cluster)
         if page_size not in GATHER_PAGE_SIZES:
             raise ValueError(f"gather loader serves page sizes {GATHER_PAGE_SIZES}, got {page_size}")
         if cluster != 1:
@@ -408,9 +400,7 @@ class GatherPagedKV(PagedKVLoader):
         pipe.producer_commit(state)  # cp.async.mbarrier.arrive.noinc: arrives when this thread's copies land
 
 
-def make_loader(dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
-                rolled_boxes: bool = False) -> PagedKVLoader:
-    """The loader for ``page_size`` (TMA for >= 16, cp.async gather below). ``rolled_boxes``: no
-    effect (see ``PagedKVLoader.__init__``)."""
+def make_loader(dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1) -> PagedKVLoader:
+    """The loader for ``page_size`` (TMA for >= 16, cp.async gather below)."""
     cls = TmaPagedKV if uses_tma(page_size) else GatherPagedKV
-    return cls(dtype, page_size, head_dim, stages, cluster, rolled_boxes)
+    return cls(dtype, page_size, head_dim, stages, cluster)

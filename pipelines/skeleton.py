@@ -36,7 +36,6 @@ class MLADecodeBase:
 
     num_threads = 256
     kv_stages = 2
-    rolled_boxes = False  # no effect now (paged_kv: tiles of several boxes are issued one box per warp)
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True):
@@ -56,8 +55,7 @@ class MLADecodeBase:
         paged_kv.check_page_size(page_size)
         # CTAs per cluster along grid x (m-blocks of one plan part share every K tile): 1 or 2.
         self.cluster = paged_kv.cluster_size(page_size, self.num_m_blocks, multicast)
-        self.loader = paged_kv.make_loader(dtype, page_size, HEAD_DIM, self.kv_stages, self.cluster,
-                                           self.rolled_boxes)
+        self.loader = paged_kv.make_loader(dtype, page_size, HEAD_DIM, self.kv_stages, self.cluster)
 
     # ------------------------------------------------------------------ host
     @cute.jit

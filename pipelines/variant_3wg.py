@@ -44,10 +44,10 @@ WG2) rather than from registers as 2wg's WG0 does: P(i) would otherwise stay liv
 beside S(i+1) for the whole overlap. The cost is one 128-thread barrier per tile (WG1's P stores
 visible to its own wgmma) and 2 KB more smem reads per k-step. 384 threads at one CTA per SM start
 at 168 registers, a pool of 128 x 504: producer + WG1 + WG2 = 40 + 256 + 208 (TMA) or
-56 + 256 + 192 (gather). WG2 needs about 160. The producer's 40 also shapes the TMA loader: a tile
-of 2 or 4 boxes is issued in a loop (``rolled_boxes``; unrolled, ptxas hoists every box's 9
-descriptor copies and spills). ``python -m mla.compile_check`` checks the SASS: USETMAXREG, no
-LDL/STL, wgmma not serialized.
+56 + 256 + 192 (gather). WG2 needs about 160. With 40 registers a producer warp could not issue a
+tile's 2 or 4 boxes unrolled (ptxas hoists every box's 9 descriptor copies and spills); the loader
+now gives each box its own producer warp (``paged_kv``). ``python -m mla.compile_check`` checks
+the SASS: USETMAXREG, no LDL/STL, wgmma not serialized.
 
 Shared memory (the skeleton's plan, unchanged): Q 72 KB + 2 stages of 64x576 K 144 KB + P 8 KB +
 barriers and factors fill 225 KB of the 227 KB. A deeper K ring (FA3's usual 3-4 stages) is not
@@ -124,7 +124,6 @@ def warpgroup_any(pred, barrier_id: cutlass.Constexpr[int]):
 class MLADecode3WG(MLADecodeBase):
     num_threads = 384
     kv_stages = 2  # the most that fits (module docstring)
-    rolled_boxes = True  # the producer's few registers (paged_kv.TmaPagedKV._load_boxes_rolled)
     q_consumer_warps = 4  # WG1 alone reads Q
     k_consumer_warps = 8  # both consumer warpgroups read every K tile
 
