@@ -68,6 +68,7 @@ _pipeline_env_raw = _env_reader(PIPELINE_ENV_VAR)
 _multicast_env_raw = _env_reader(MULTICAST_ENV_VAR)
 PARTIAL_ENV_VAR = "MLA_PARTIAL_DTYPE"  # pipelines.launch reads it when a kernel is looked up
 _partial_env_raw = _env_reader(PARTIAL_ENV_VAR)
+_split_cluster_env_raw = _env_reader(planner.SPLIT_CLUSTER_ENV_VAR)
 
 
 def resolve_pipeline(pipeline: str = "auto") -> str:
@@ -158,13 +159,14 @@ def _empty_plan(batch_size: int, num_parts: int, device) -> tuple[torch.Tensor, 
 
 
 def _plan_into(cache_seqlens: torch.Tensor, num_parts: int, mode: str, metadata: torch.Tensor,
-               num_splits: torch.Tensor) -> PlanInfo:
+               num_splits: torch.Tensor, cluster: int = 1) -> PlanInfo:
     """Write the plan of ``cache_seqlens`` into ``metadata`` / ``num_splits`` (device tensors of the
     plan's shapes) with the ``"device"`` or ``"host"`` planner. The device planner must have passed
-    ``_check_device_plan``; it makes no host sync and no allocation."""
+    ``_check_device_plan``; it makes no host sync and no allocation. ``cluster``: the split-cluster
+    size (``split_k.planner.split_cluster``) the plan is made for."""
     if mode == "host":
         lengths = planner.host_lengths(cache_seqlens, "cache_seqlens")  # a CUDA tensor syncs here
-        host_metadata, host_num_splits = planner.plan(lengths, num_parts)
+        host_metadata, host_num_splits = planner.plan_clustered(lengths, num_parts, cluster)
         metadata.copy_(host_metadata)
         num_splits.copy_(host_num_splits)
         return PlanInfo(max(lengths, default=0), num_parts)
@@ -175,7 +177,7 @@ def _plan_into(cache_seqlens: torch.Tensor, num_parts: int, mode: str, metadata:
     else:
         if cache_seqlens.stride(0) != 1:  # b == 1: any stride addresses the same element
             cache_seqlens = cache_seqlens.as_strided((1,), (1,))
-        pipelines.run_planner(cache_seqlens, metadata, num_splits)
+        pipelines.run_planner(cache_seqlens, metadata, num_splits, cluster)
     return PlanInfo(None, num_parts)
 
 
@@ -187,7 +189,8 @@ def _plan(cache_seqlens: torch.Tensor, rows_per_kv: int, h_kv: int, num_sms: int
     if mode == "device":
         _check_device_plan(cache_seqlens, parts)
     metadata, num_splits = _empty_plan(cache_seqlens.shape[0], parts, device)
-    info = _plan_into(cache_seqlens, parts, mode, metadata, num_splits)
+    cluster = planner.split_cluster(cache_seqlens.shape[0], parts)
+    info = _plan_into(cache_seqlens, parts, mode, metadata, num_splits, cluster)
     return metadata, num_splits, info
 
 
@@ -314,9 +317,12 @@ def _workspace_numel(shape: validate.DecodeShape, num_parts: int) -> int:
     return pipelines.workspace_numel(shape.batch_size, num_parts, shape.s_q * shape.h_q)
 
 
-def _launcher(variant: str, shape: validate.DecodeShape, partial_dtype=None):
+def _launcher(variant: str, shape: validate.DecodeShape, num_parts: int, partial_dtype=None):
+    """The compiled decode for this shape and a plan of ``num_parts`` parts (which, with the batch
+    size, fixes the plan's split cluster: ``split_k.planner.split_cluster``)."""
     return pipelines.decode_launcher(variant, shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal,
-                                     shape.h_kv, partial=partial_dtype)
+                                     shape.h_kv, partial=partial_dtype,
+                                     split_cluster=planner.split_cluster(shape.batch_size, num_parts))
 
 
 @dataclass(frozen=True)
@@ -360,6 +366,7 @@ def _flash_key(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v, til
                 num_splits.shape, num_splits.stride(), num_splits.dtype,
                 getattr(tile_scheduler_metadata, "_mla_plan_info", None))
     return (pipeline, _pipeline_env_raw() if pipeline == "auto" else None, _multicast_env_raw(), _partial_env_raw(),
+            _split_cluster_env_raw(),
             q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype,
             block_table.shape, block_table.stride(), block_table.dtype,
             cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
@@ -389,7 +396,7 @@ def _check_flash_call(variant, q, k_cache, block_table, cache_seqlens, head_dim_
     # the metadata (e.g. into a graph's static buffer).
     if info is not None and info.max_seqlen is not None:
         validate.check_block_table_width(shape.max_pages, shape.page_size, info.max_seqlen)
-    launch = _launcher(variant, shape) if launcher else None
+    launch = _launcher(variant, shape, tile_scheduler_metadata.shape[0]) if launcher else None
     return _Call(variant, launch, (shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V), (shape.batch_size, shape.h_q, shape.s_q),
                  _workspace_numel(shape, tile_scheduler_metadata.shape[0]), shape.dtype, shape.device,
                  shape.softmax_scale, shape)
@@ -602,13 +609,14 @@ class MLADecoder:
             _check_device_plan(cache_seqlens, parts)
         # The first plan of a configuration loads (or compiles) its kernel; later ones, captured
         # in a CUDA graph included, find it in memory.
-        launch = _launcher(self.variant, shape, self._partial)  # ValueError: partial_dtype is not q's dtype
+        cluster = planner.split_cluster(b, parts)
+        launch = _launcher(self.variant, shape, parts, self._partial)  # ValueError: partial_dtype is not q's dtype
         reuse = self._reusable(shape, parts)
         if reuse:
             metadata, num_splits = self.tile_scheduler_metadata, self.num_splits
         else:
             metadata, num_splits = _empty_plan(b, parts, device)
-        info = _plan_into(cache_seqlens, parts, mode, metadata, num_splits)
+        info = _plan_into(cache_seqlens, parts, mode, metadata, num_splits, cluster)
         if not reuse:
             self.tile_scheduler_metadata, self.num_splits = metadata, num_splits
             self._workspace = torch.empty(_workspace_numel(shape, parts), dtype=torch.float32, device=device)

@@ -47,7 +47,7 @@ def _check(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_
     api._check_kernel_shape(shape, variant)
     validate.check_metadata(tile_scheduler_metadata, num_splits, shape.batch_size, shape.device)
     validate.check_workspace(workspace, api._workspace_numel(shape, tile_scheduler_metadata.shape[0]), shape.device)
-    return api._launcher(variant, shape) if launcher else None
+    return api._launcher(variant, shape, tile_scheduler_metadata.shape[0]) if launcher else None
 
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
@@ -57,7 +57,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, ca
     args = (q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace)
     try:  # the signature, as mla.api keys it: every tensor's shape, strides and dtype, q's device
         key = (tuple(api._sig(t) for t in args), q.device, type(softmax_scale), softmax_scale, type(causal), causal,
-               pipeline, api._pipeline_env_raw() if pipeline == "auto" else None, api._multicast_env_raw(), api._partial_env_raw())
+               pipeline, api._pipeline_env_raw() if pipeline == "auto" else None, api._multicast_env_raw(), api._partial_env_raw(),
+               api._split_cluster_env_raw())
         launch = _CALLS.get(key)
     except (AttributeError, TypeError):  # non-tensors, unhashables: the checks name them
         key = launch = None

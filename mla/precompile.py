@@ -117,9 +117,20 @@ def plan_configs(args: argparse.Namespace) -> tuple[list, list[str]]:
                             for causal in (_CAUSAL[args.causal] if s_q > 1 else (False,)):
                                 for mc in multicast:
                                     for partial in partials:
-                                        configs.append(DecodeConfig.make(variant, dtype, h_q, s_q, page, causal,
-                                                                         h_kv, mc, partial))
+                                        for split in split_clusters():
+                                            configs.append(DecodeConfig.make(variant, dtype, h_q, s_q, page, causal,
+                                                                             h_kv, mc, partial, split))
     return list(dict.fromkeys(configs)), skipped
+
+
+def split_clusters() -> tuple[int, ...]:
+    """The split-cluster sizes a configuration may run with under ``MLA_SPLIT_CLUSTER`` (read now): 1
+    (no cluster: larger batches) and, unless the setting turns it off, the size small batches use."""
+    from split_k import planner
+
+    setting = planner.split_cluster_setting()
+    size = planner.AUTO_SPLIT_CLUSTER if setting == "auto" else int(setting)
+    return (1,) if size == 1 else (1, size)
 
 
 PLANNER = "planner"
@@ -127,6 +138,8 @@ PLANNER = "planner"
 
 
 def _label(item) -> str:
+    if isinstance(item, tuple) and item and item[0] == PLANNER:
+        return f"split planner kernel (units of {item[1]} tiles)"
     return "split planner kernel" if item == PLANNER else item.label()
 
 
@@ -137,6 +150,9 @@ def _lookup(item) -> dict:
     start = time.perf_counter()
     if item == PLANNER:
         result = launch.kernel_cache().lookup(launch.PLANNER_KEY, launch.compile_planner)
+    elif isinstance(item, tuple) and item and item[0] == PLANNER:  # the planner of a split cluster
+        result = launch.kernel_cache().lookup(launch.PLANNER_KEY + (item[1],),
+                                              lambda: launch.compile_planner(split_cluster=item[1]))
     else:
         result = launch.lookup_entry(item)
     return {"source": result.source, "path": str(result.path) if result.path else None,
@@ -190,7 +206,7 @@ def main(argv=None) -> int:
         print("precompile: no valid configuration to compile", file=sys.stderr)
         return 2
     if not args.no_planner:
-        configs = [PLANNER] + configs
+        configs = [PLANNER] + [(PLANNER, c) for c in split_clusters() if c > 1] + configs
     jobs = args.jobs or max(1, min(len(configs), (os.cpu_count() or 2) // 2, 8))
     jobs = min(jobs, len(configs))
     print(f"precompile: {len(configs)} entries into {directory} ({jobs} job{'s' if jobs > 1 else ''})", flush=True)

@@ -59,7 +59,7 @@ def workspace_numel(batch_size: int, num_parts: int, rows: int) -> int:
 
 
 def decode_launcher(variant: str, dtype, num_heads_q: int, seqlen_q: int, page_size: int, causal: bool,
-                    num_heads_k: int = 1, multicast: bool | None = None, partial=None):
+                    num_heads_k: int = 1, multicast: bool | None = None, partial=None, split_cluster: int = 1):
     """The compiled decode of one static configuration, from memory, the on-disk kernel cache, or a
     fresh compile (seconds, once per machine). Returns a callable ``(q, k_cache, block_table,
     cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace, softmax_scale)`` that
@@ -67,7 +67,8 @@ def decode_launcher(variant: str, dtype, num_heads_q: int, seqlen_q: int, page_s
     synchronisation and no allocation. Inputs must already be validated by ``mla``.
     ``multicast``: allow a TMA multicast cluster; None reads ``MLA_MULTICAST`` now.
     ``partial``: dtype of the split-kv partials, ``"float32"``, ``"input"`` (q's dtype) or that dtype;
-    None reads ``MLA_PARTIAL_DTYPE`` now (default float32)."""
+    None reads ``MLA_PARTIAL_DTYPE`` now (default float32). ``split_cluster``: the plan's
+    (``split_k.planner.split_cluster``)."""
     _require_kernel(variant)
     from pipelines import paged_kv
     from pipelines.launch import DecodeConfig, decode_launcher as _launcher, partial_from_env
@@ -76,22 +77,31 @@ def decode_launcher(variant: str, dtype, num_heads_q: int, seqlen_q: int, page_s
     if partial is None:
         partial = partial_from_env()
     return _launcher(DecodeConfig.make(variant, dtype, num_heads_q, seqlen_q, page_size, causal, num_heads_k,
-                                       multicast, partial))
+                                       multicast, partial, split_cluster))
 
 
 def run_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
                out, lse, workspace, softmax_scale, causal):
     """Launch the decode kernel of ``variant`` and the split-kv merge on the current torch stream
     (``decode_launcher`` for the configuration of these tensors, then one call)."""
-    launch = decode_launcher(variant, q.dtype, q.shape[2], q.shape[1], k_cache.shape[1], causal, k_cache.shape[2])
+    from split_k.planner import split_cluster
+    launch = decode_launcher(variant, q.dtype, q.shape[2], q.shape[1], k_cache.shape[1], causal, k_cache.shape[2],
+                             split_cluster=split_cluster(q.shape[0], tile_scheduler_metadata.shape[0]))
     launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
            float(softmax_scale))
 
 
-def run_planner(cache_seqlens, tile_scheduler_metadata, num_splits):
+def run_planner(cache_seqlens, tile_scheduler_metadata, num_splits, split_cluster: int = 1):
     """Write the split plan of ``cache_seqlens`` (int32 ``[b]``, contiguous, ``b >= 1``) into
     ``tile_scheduler_metadata`` (int32 ``[num_parts, 8]``) and ``num_splits`` (int32 ``[b + 1]``) with
     the planner kernel of ``split_k.planner_kernel``, on the current stream: no host sync, no
-    allocation. Inputs already validated by ``mla`` (``split_k.planner_kernel.check_limits``)."""
+    allocation. Inputs already validated by ``mla`` (``split_k.planner_kernel.check_limits``).
+    ``split_cluster > 1``: the plan of ``split_k.planner.plan_clustered`` (its first rows, the rest
+    made empty parts)."""
     from pipelines.launch import launch_planner
-    launch_planner(cache_seqlens, tile_scheduler_metadata, num_splits)
+    if split_cluster > 1:
+        from split_k.planner import empty_rows, split_groups
+        groups = split_groups(tile_scheduler_metadata.shape[0], split_cluster)
+        empty_rows(tile_scheduler_metadata[groups:])
+        tile_scheduler_metadata = tile_scheduler_metadata[:groups]
+    launch_planner(cache_seqlens, tile_scheduler_metadata, num_splits, split_cluster)

@@ -114,20 +114,22 @@ class DecodeConfig:
     num_heads_k: int = 1
     cluster: int = 1
     partial: str = "float32"  # dtype of the split-kv partial outputs: "float32" or ``dtype``
+    split_cluster: int = 1  # CTAs per split group reducing through DSMEM (split_k.planner.split_cluster)
 
     @classmethod
     def make(cls, variant: str, dtype, num_heads_q: int, seqlen_q: int, page_size: int, causal: bool,
-             num_heads_k: int = 1, multicast: bool = True, partial=None) -> "DecodeConfig":
+             num_heads_k: int = 1, multicast: bool = True, partial=None, split_cluster: int = 1) -> "DecodeConfig":
         """``partial``: dtype of the split-kv partials, ``"float32"`` or the input dtype (None: the
-        default, ``DEFAULT_PARTIAL``)."""
+        default, ``DEFAULT_PARTIAL``). ``split_cluster``: the plan's split-cluster size
+        (``split_k.planner.split_cluster``); a split cluster excludes the multicast cluster."""
         from pipelines import paged_kv
 
         # m-blocks per kv head: a CTA's rows are the heads_per_kv * s_q rows of one kv head.
         m_blocks = -(-(int(num_heads_q) // int(num_heads_k)) * int(seqlen_q) // 64)
         return cls(variant, dtype_name(dtype), int(num_heads_q), int(seqlen_q), int(page_size),
                    bool(causal) and seqlen_q > 1, int(num_heads_k),
-                   paged_kv.cluster_size(int(page_size), m_blocks, bool(multicast)),
-                   partial_name(dtype, partial))
+                   paged_kv.cluster_size(int(page_size), m_blocks, bool(multicast) and int(split_cluster) == 1),
+                   partial_name(dtype, partial), int(split_cluster))
 
     @property
     def rows(self) -> int:
@@ -140,6 +142,8 @@ class DecodeConfig:
     def label(self) -> str:
         causal = " causal" if self.causal else ""
         cluster = f" cluster={self.cluster}" if self.cluster > 1 else ""
+        if self.split_cluster > 1:
+            cluster += f" split_cluster={self.split_cluster}"
         return (f"{self.variant} {self.dtype} h_q={self.num_heads_q} s_q={self.seqlen_q} h_kv={self.num_heads_k} "
                 f"page={self.page_size}{causal}{cluster}")
 
@@ -210,7 +214,7 @@ class DecodeEntry:
         cdt = _cute_dtype(c.dtype)
         self.rows = c.rows
         self.decode = _kernel_class(c.variant)(cdt, c.num_heads_q, c.seqlen_q, c.page_size, c.causal, c.num_heads_k,
-                                               multicast=c.cluster > 1)
+                                               multicast=c.cluster > 1, split_cluster=c.split_cluster)
         self.partial_dtype = cutlass.Float32 if c.partial == "float32" else cdt
         self.merge = SplitMerge(cdt, c.num_heads_q, c.seqlen_q, self.partial_dtype)
 
@@ -358,20 +362,23 @@ def planner_args() -> tuple:
     return tensors + (cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),)
 
 
-def compile_planner(options: str | None = None):
-    """``cute.compile`` of the split planner kernel (``split_k.planner_kernel``) with TVM-FFI."""
+def compile_planner(options: str | None = None, split_cluster: int = 1):
+    """``cute.compile`` of the split planner kernel (``split_k.planner_kernel``) with TVM-FFI; for a
+    split cluster it plans in units of ``split_cluster`` tiles (``split_k.planner.plan_clustered``)."""
+    from split_k.planner import BLOCK_N
     from split_k.planner_kernel import SplitPlanner
     opts = TVM_FFI_OPTION if not options else f"{TVM_FFI_OPTION} {options}"
-    return cute.compile(SplitPlanner(), *planner_args(), options=opts)
+    return cute.compile(SplitPlanner(block_n=BLOCK_N * split_cluster), *planner_args(), options=opts)
 
 
 PLANNER_KEY = ("planner",)
 
 
-def launch_planner(cache_seqlens, tile_scheduler_metadata, num_splits):
+def launch_planner(cache_seqlens, tile_scheduler_metadata, num_splits, split_cluster: int = 1):
     """Plan on the current torch stream of cache_seqlens' device into the given int32 tensors
     (validated by the caller: contiguous, b >= 1, within ``split_k.planner_kernel.check_limits``).
     One TVM-FFI call: the kernel comes from the kernel cache (memory, disk, or compiled once), the
     stream and device from the tensors."""
-    fn = kernel_cache().get(PLANNER_KEY, compile_planner)
+    key = PLANNER_KEY if split_cluster == 1 else PLANNER_KEY + (split_cluster,)
+    fn = kernel_cache().get(key, lambda: compile_planner(split_cluster=split_cluster))
     fn(cache_seqlens, tile_scheduler_metadata, num_splits)

@@ -23,7 +23,16 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import cpasync, warpgroup
 
+from cutlass._mlir.dialects import llvm
+
 from pipelines import layouts, paged_kv, softmax
+from split_k.planner import split_groups as split_groups_expr
+
+SPLIT_CLUSTERS = (1, 2, 4, 8)
+"""Split-cluster sizes a kernel can be built for (1: none)."""
+SCRATCH_ROW = 520
+"""Row stride (fp32 elements) of the split-cluster scratch, a CTA's 64 x 512 partial in its K stages:
+512 + 8, so the 8 rows a warp's accumulator stores touch at once start 8 banks apart."""
 
 HEAD_DIM = 576  # 512 latent ("nope") dims + 64 RoPE dims
 HEAD_DIM_V = 512
@@ -38,7 +47,7 @@ class MLADecodeBase:
     kv_stages = 2
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
-                 multicast: bool = True):
+                 multicast: bool = True, split_cluster: int = 1):
         if num_heads_k < 1 or num_heads % num_heads_k:
             raise ValueError(f"num_heads ({num_heads}) must be a positive multiple of num_heads_k ({num_heads_k})")
         self.dtype = dtype
@@ -53,8 +62,15 @@ class MLADecodeBase:
         self.page_size = page_size
         self.causal = causal and seqlen_q > 1  # causal only changes anything for s_q > 1
         paged_kv.check_page_size(page_size)
-        # CTAs per cluster along grid x (m-blocks of one plan part share every K tile): 1 or 2.
-        self.cluster = paged_kv.cluster_size(page_size, self.num_m_blocks, multicast)
+        if split_cluster not in SPLIT_CLUSTERS:
+            raise ValueError(f"split_cluster must be one of {SPLIT_CLUSTERS}, got {split_cluster!r}")
+        # CTAs per cluster along grid y that share each chunk of the plan and reduce their partial
+        # outputs through distributed shared memory (``cluster_epilogue``); 1: one CTA per chunk.
+        self.split_cluster = split_cluster
+        # CTAs per cluster along grid x (m-blocks of one plan part share every K tile): 1 or 2. Not
+        # with a split cluster: the reduction reuses the K stages, which a peer's multicast of the
+        # next chunk's tiles could already be filling.
+        self.cluster = paged_kv.cluster_size(page_size, self.num_m_blocks, multicast and split_cluster == 1)
         self.loader = paged_kv.make_loader(dtype, page_size, HEAD_DIM, self.kv_stages, self.cluster)
 
     # ------------------------------------------------------------------ host
@@ -111,22 +127,39 @@ class MLADecodeBase:
             mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
             row_scale: cute.struct.MemRange[Float32, BLOCK_M]  # per-tile rescale factor (WG0 -> WG1)
             row_inv: cute.struct.MemRange[Float32, BLOCK_M]  # 1 / row sum at the end of a chunk
+            lse_slots: cute.struct.MemRange[Float32, BLOCK_M]  # split cluster: this CTA's partial's lse
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sP_layout)], 1024]
 
         self.shared_storage = SharedStorage
         scale_log2 = softmax_scale * Float32(math.log2(math.e))
+        # One CTA per plan part, or with a split cluster ``split_cluster`` CTAs per group, the plan's
+        # first ``split_groups`` rows (split_k.planner.split_groups, the same integer arithmetic).
+        parts = mMeta.shape[0]
+        if const_expr(self.split_cluster > 1):
+            parts = split_groups_expr(mMeta.shape[0], self.split_cluster) * self.split_cluster
         self.kernel(tma_q, mQ_tma, tma_k, mK_load, mBlockTable, mSeqlens, mMeta, mNumSplits, mO, mLSE,
                     mOaccum, mLSEaccum, scale_log2, sQ_layout, sK_layout, sP_layout).launch(
-            grid=[self.num_m_blocks, mMeta.shape[0], self.h_kv],
+            grid=[self.num_m_blocks, parts, self.h_kv],
             block=[self.num_threads, 1, 1],
-            # The m-block CTAs of one plan part (same chunks, same K tiles) form a cluster along x.
-            cluster=[self.cluster, 1, 1] if const_expr(self.cluster > 1) else None,
+            # The m-block CTAs of one plan part (same chunks, same K tiles) form a cluster along x;
+            # the CTAs of one split group form a cluster along y.
+            cluster=self.cluster_shape(),
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,
         )
+
+    def cluster_shape(self):
+        if const_expr(self.split_cluster > 1):
+            return [1, self.split_cluster, 1]
+        if const_expr(self.cluster > 1):
+            return [self.cluster, 1, 1]
+        return None
+
+    def any_cluster(self) -> bool:
+        return self.cluster > 1 or self.split_cluster > 1
 
     def _row_mode(self):
         """Shape of the row mode of an output-side view (out, o_accum, lse_accum).
@@ -176,7 +209,8 @@ class MLADecodeBase:
         # Barrier inits must be visible to every thread before anyone waits on them, and in a cluster
         # to the peer CTAs too before their multicast boxes or remote releases reach this CTA.
         cute.arch.mbarrier_init_fence()
-        if const_expr(self.cluster > 1):
+        # (A split cluster's peers write into this CTA's shared memory, which needs it running.)
+        if const_expr(self.any_cluster()):
             cute.arch.cluster_arrive_relaxed()
             cute.arch.cluster_wait()
         else:
@@ -187,7 +221,7 @@ class MLADecodeBase:
         self.warpgroup_roles(tidx, m_block, kv_head, mMeta,
                              tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
                              mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2)
-        if const_expr(self.cluster > 1):
+        if const_expr(self.any_cluster()):
             # No CTA leaves while a peer may still arrive on its empty barriers (the peers' last
             # releases) : every thread of both CTAs is past its last pipeline operation here.
             # (Multicast boxes into this CTA all landed: its consumers waited for every tile.)
@@ -226,15 +260,22 @@ class MLADecodeBase:
     @cute.jit
     def work_list(self, mMeta: cute.Tensor):
         """``(begin_req, begin_block, end_req, end_block, begin_split)``: this CTA's row of the split
-        plan (grid y = plan part; docs/interfaces.md)."""
+        plan (grid y = plan part, or part * split_cluster + rank; docs/interfaces.md)."""
         _, part, _ = cute.arch.block_idx()
+        if const_expr(self.split_cluster > 1):
+            part = part // self.split_cluster
         meta = mMeta[part, None]
         return meta[0], meta[1], meta[2], meta[3], meta[4]
 
     @cute.jit
     def chunk_bounds(self, r: Int32, begin_req: Int32, begin_block: Int32, end_req: Int32, end_block: Int32,
                      begin_split: Int32, mSeqlens: cute.Tensor, mNumSplits: cute.Tensor):
-        """KV tile range [start, stop) of request r inside this part, and where its output goes."""
+        """KV tile range [start, stop) of request r inside this part, and where its output goes.
+
+        With a split cluster the plan counts in groups of ``split_cluster`` tiles (its ``block_n`` is
+        ``64 * split_cluster``); ``start`` is then this CTA's first tile, and it takes every
+        ``tile_step``-th tile from there (``cluster_rank`` interleaves the ranks tile by tile).
+        """
         seqlen = mSeqlens[r]
         n_blocks = (seqlen + BLOCK_N - 1) // BLOCK_N
         start = Int32(0)
@@ -245,9 +286,18 @@ class MLADecodeBase:
             split_no = begin_split
         if r == end_req:
             stop = end_block
+        if const_expr(self.split_cluster > 1):
+            if r == end_req:
+                stop = cutlass.min(stop * self.split_cluster, n_blocks)
+            start = start * self.split_cluster + self.cluster_rank()
         split_base = mNumSplits[r]
         is_split = (mNumSplits[r + 1] - split_base) > 1
         return seqlen, n_blocks, start, stop, is_split, split_base + split_no
+
+    @cute.jit
+    def cluster_rank(self) -> Int32:
+        """This CTA's rank in its split cluster (the cluster spans grid y only)."""
+        return cute.arch.block_idx_in_cluster()
 
     @cute.jit
     def row_limits(self, seqlen: Int32, m_block: Int32, tScS: cute.Tensor) -> cute.Tensor:
@@ -332,3 +382,108 @@ class MLADecodeBase:
                             mLSEaccum[row, kv_head, split_idx] = row_lse[i]
                         else:
                             mLSE[row, kv_head, r] = row_lse[i]
+
+    # ------------------------------------------------------- split cluster
+    @cute.jit
+    def cluster_epilogue(self, acc: cute.Tensor, tiled_mma: cute.TiledMma, wg_tidx: Int32, math_tidx: Int32,
+                         row_inv: cute.Tensor, row_lse: cute.Tensor, publish: cutlass.Constexpr[bool],
+                         col0: cutlass.Constexpr[int], m_block: Int32, kv_head: Int32, r: Int32, is_split,
+                         split_idx: Int32, mO: cute.Tensor, mLSE: cute.Tensor, mOaccum: cute.Tensor,
+                         mLSEaccum: cute.Tensor, storage):
+        """Epilogue of one math warpgroup in a split cluster: the ``split_cluster`` CTAs of a group
+        combine their partial outputs of this chunk through distributed shared memory, and each CTA
+        stores ``512 / split_cluster`` columns of the combined output (``out``, or the group's partial
+        when the plan splits the request over several groups).
+
+        1. Each thread stores its normalised O values into this CTA's scratch (the K stages, free once
+           the chunk's last P.V is done), the warpgroup holding the row lse (``publish``) the lse;
+           cluster barrier (release/acquire): every CTA's partial is visible to the cluster.
+        2. Each CTA reads the lse and its columns of every rank's partial from the ranks' shared
+           memory (``ld.shared::cluster``), weighs rank k by ``exp(lse_k - lse)`` with ``lse`` over the
+           ranks (the global merge's formula) and stores the sum; cluster barrier: no CTA reuses its
+           scratch, or exits, while a peer may still read it.
+        Every thread of every CTA of the cluster passes both barriers, also in a CTA whose share of the
+        chunk is empty (lse -inf, weight 0), and the 3wg producer (``cluster_idle``).
+        """
+        C = self.split_cluster
+        W = HEAD_DIM_V // C
+        rank = self.cluster_rank()
+        s_lse = storage.lse_slots.get_tensor(cute.make_layout(BLOCK_M))
+        scratch_ptr = cute.recast_ptr(storage.sK.data_ptr(), dtype=Float32)
+        sO = cute.make_tensor(scratch_ptr, cute.make_layout((BLOCK_M, HEAD_DIM_V), stride=(SCRATCH_ROW, 1)))
+        thr_mma = tiled_mma.get_slice(wg_tidx)
+        tOcO = layouts.acc_mn_view(thr_mma.partition_C(cute.make_identity_tensor((BLOCK_M, HEAD_DIM_V // 2))))
+        acc_mn = layouts.acc_mn_view(acc)
+        for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            row = tOcO[i, 0][0]
+            inv = row_inv[i]
+            for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                sO[row, col0 + tOcO[i, j][1]] = acc_mn[i, j] * inv
+            if const_expr(publish):
+                if wg_tidx % 4 == 0:
+                    s_lse[row] = row_lse[i]
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+
+        log2e = Float32(math.log2(math.e))
+        row_base = m_block * BLOCK_M
+        quads = W // 4
+        for it in cutlass.range(BLOCK_M * quads // 256, unroll=1):
+            item = math_tidx + it * 256
+            row = item // quads
+            q = item - row * quads
+            col = rank * W + q * 4
+            lse_k = cute.make_rmem_tensor(C, Float32)
+            lse_max = -Float32.inf
+            for k in cutlass.range_constexpr(C):
+                lse_k[k] = _load_cluster_f32(s_lse.iterator + row, k)
+                lse_max = cute.arch.fmax(lse_max, lse_k[k])
+            lse_safe = lse_max
+            if lse_max == -Float32.inf:
+                lse_safe = Float32(0.0)  # no rank saw a key: every weight is exp(-inf) = 0
+            total = Float32(0.0)
+            o = cute.make_rmem_tensor(4, Float32)
+            o.fill(0.0)
+            for k in cutlass.range_constexpr(C):
+                w = cute.math.exp2((lse_k[k] - lse_safe) * log2e, fastmath=True)
+                total += w
+                for e in cutlass.range_constexpr(4):
+                    o[e] += w * _load_cluster_f32(scratch_ptr + (row * SCRATCH_ROW + col + e), k)
+            inv_total = Float32(0.0)
+            lse = -Float32.inf
+            if total > Float32(0.0):
+                inv_total = cute.arch.rcp_approx(total)
+                lse = lse_max + cute.math.log2(total, fastmath=True) * Float32(softmax.LN2)
+            if row_base + row < self.rows:
+                for e in cutlass.range_constexpr(4):
+                    if is_split:
+                        mOaccum[row_base + row, col + e, kv_head, split_idx] = (o[e] * inv_total).to(
+                            mOaccum.element_type)
+                    else:
+                        mO[row_base + row, col + e, kv_head, r] = (o[e] * inv_total).to(mO.element_type)
+                if rank == 0:
+                    if q == 0:
+                        if is_split:
+                            mLSEaccum[row_base + row, kv_head, split_idx] = lse
+                        else:
+                            if lse == -Float32.inf:
+                                lse = Float32.inf  # no key at all: the unsplit convention
+                            mLSE[row_base + row, kv_head, r] = lse
+        # Generic-proxy reads of the scratch, then (next chunk) TMA writes into it: the proxy fence.
+        cute.arch.fence_view_async_shared()
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+
+    @cute.jit
+    def cluster_idle(self):
+        """A warpgroup without output (the 3wg producer) passes the chunk's two cluster barriers."""
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+        cute.arch.cluster_arrive()
+        cute.arch.cluster_wait()
+
+
+def _load_cluster_f32(local_ptr, rank) -> Float32:
+    """Load the fp32 at ``local_ptr``'s offset in the shared memory of cluster CTA ``rank``."""
+    remote = cute.arch.map_dsmem_ptr(local_ptr, rank)
+    return Float32(llvm.load(Float32.mlir_type, remote.to_llvm_ptr()))

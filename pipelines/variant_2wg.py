@@ -56,17 +56,17 @@ class MLADecode2WG(MLADecodeBase):
         if wg == 0:
             self.wg0_qk_softmax_pv(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                                    mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0,
-                                   s_row_scale, s_row_inv, pipe_q, pipe_k, scale_log2)
+                                   s_row_scale, s_row_inv, pipe_q, pipe_k, scale_log2, storage)
         else:
             self.wg1_load_pv(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                              tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
-                             mLSEaccum, sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k)
+                             mLSEaccum, sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k, storage)
 
     # ------------------------------------------------------------------ WG0
     @cute.jit
     def wg0_qk_softmax_pv(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0, s_row_scale,
-                          s_row_inv, pipe_q, pipe_k, scale_log2):
+                          s_row_inv, pipe_q, pipe_k, scale_log2, storage):
         mma_qk, mma_pv_rs, _ = self.tiled_mmas()
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -94,7 +94,7 @@ class MLADecode2WG(MLADecodeBase):
             row_limit = self.row_limits(seqlen, m_block, tScS)
 
             pipe_q.consumer_wait(q_state)
-            for blk in cutlass.range(start, stop, unroll=1):
+            for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
                 self.loader.consumer_wait(pipe_k, k_state)
                 acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
                 warpgroup.fence()
@@ -144,8 +144,12 @@ class MLADecode2WG(MLADecodeBase):
                 for i in cutlass.range_constexpr(n_rows_thr):
                     s_row_inv[tScS[i, 0][0]] = row_inv[i]
             cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
-            self.store_rows(acc_o, mma_pv_rs, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head, r, is_split,
-                            split_idx, mO, mLSE, mOaccum, mLSEaccum)
+            if const_expr(self.split_cluster > 1):
+                self.cluster_epilogue(acc_o, mma_pv_rs, wg_tidx, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head,
+                                      r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
+            else:
+                self.store_rows(acc_o, mma_pv_rs, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head, r, is_split,
+                                split_idx, mO, mLSE, mOaccum, mLSEaccum)
         # Pairs WG1's last P_EMPTY arrive so no arrival is left pending at exit.
         cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
 
@@ -153,7 +157,7 @@ class MLADecode2WG(MLADecodeBase):
     @cute.jit
     def wg1_load_pv(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                     tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                    sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k):
+                    sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k, storage):
         _, _, mma_pv_ss = self.tiled_mmas()
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         thr_pv = mma_pv_ss.get_slice(wg_tidx)
@@ -185,7 +189,8 @@ class MLADecode2WG(MLADecodeBase):
                 self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
                 q_prod.advance()
             if is_k_producer:
-                for blk in cutlass.range(start, cutlass.min(start + self.kv_stages, stop), unroll=1):
+                for blk in cutlass.range(start, cutlass.min(start + self.kv_stages * self.split_cluster, stop),
+                                          self.split_cluster, unroll=1):
                     self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head,
                                           wg_tidx)
                     k_prod.advance()
@@ -193,7 +198,7 @@ class MLADecode2WG(MLADecodeBase):
             acc_o.fill(0.0)
             acc_o_mn = layouts.acc_mn_view(acc_o)
             row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
-            for blk in cutlass.range(start, stop, unroll=1):
+            for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
                 if const_expr(self.loader.prefetches_page()):
                     # The page id of this warp's box of tile blk + kv_stages, read now (before the waits
                     # for P and the stage, and the P.V) so that its latency is hidden by them instead of
@@ -201,7 +206,7 @@ class MLADecode2WG(MLADecodeBase):
                     # the chunk reads the last valid page (clamped) and is not used.
                     next_page = Int32(0)
                     if is_k_producer:
-                        next_page = self.loader.page_id(mBlockTable, r, blk + self.kv_stages, seqlen, wg_tidx)
+                        next_page = self.loader.page_id(mBlockTable, r, blk + self.kv_stages * self.split_cluster, seqlen, wg_tidx)
                 cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
                 for i in cutlass.range_constexpr(n_rows_thr):
                     row_scale[i] = s_row_scale[tOcO[i, 0][0]]
@@ -220,18 +225,24 @@ class MLADecode2WG(MLADecodeBase):
                 self.loader.consumer_release(pipe_k, k_state)
                 k_state.advance()
                 if is_k_producer:
-                    if blk + self.kv_stages < stop:
+                    if blk + self.kv_stages * self.split_cluster < stop:
                         if const_expr(self.loader.prefetches_page()):
                             self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r,
-                                                  blk + self.kv_stages, seqlen, kv_head, wg_tidx, page=next_page)
+                                                  blk + self.kv_stages * self.split_cluster, seqlen, kv_head,
+                                                  wg_tidx, page=next_page)
                         else:
                             self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r,
-                                                  blk + self.kv_stages, seqlen, kv_head, wg_tidx)
+                                                  blk + self.kv_stages * self.split_cluster, seqlen, kv_head,
+                                                  wg_tidx)
                         k_prod.advance()
             cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
             row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
             for i in cutlass.range_constexpr(n_rows_thr):
                 row_inv[i] = s_row_inv[tOcO[i, 0][0]]
             cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-            self.store_rows(acc_o, mma_pv_ss, wg_tidx, row_inv, row_inv, False, HALF, m_block, kv_head, r, is_split,
-                            split_idx, mO, mLSE, mOaccum, mLSEaccum)
+            if const_expr(self.split_cluster > 1):
+                self.cluster_epilogue(acc_o, mma_pv_ss, wg_tidx, wg_tidx + 128, row_inv, row_inv, False, HALF, m_block,
+                                      kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
+            else:
+                self.store_rows(acc_o, mma_pv_ss, wg_tidx, row_inv, row_inv, False, HALF, m_block, kv_head, r, is_split,
+                                split_idx, mO, mLSE, mOaccum, mLSEaccum)

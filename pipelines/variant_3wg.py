@@ -128,8 +128,8 @@ class MLADecode3WG(MLADecodeBase):
     k_consumer_warps = 8  # both consumer warpgroups read every K tile
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
-                 multicast: bool = True):
-        super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, multicast)
+                 multicast: bool = True, split_cluster: int = 1):
+        super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, multicast, split_cluster)
         self.producer_regs, self.qk_regs, self.pv_regs = \
             REGISTERS_TMA if paged_kv.uses_tma(page_size) else REGISTERS_GATHER
         assert self.producer_regs + self.qk_regs + self.pv_regs <= 3 * ENTRY_REGISTERS
@@ -161,13 +161,13 @@ class MLADecode3WG(MLADecodeBase):
                 begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
                 self.mma_qk_softmax_pv(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block,
                                        begin_split, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK,
-                                       sP, sV0, s_row_scale, s_row_inv, pipe_q, pipe_k, scale_log2)
+                                       sP, sV0, s_row_scale, s_row_inv, pipe_q, pipe_k, scale_log2, storage)
             else:
                 cute.arch.setmaxregister_increase(self.pv_regs)
                 begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
                 self.mma_pv(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                             mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sK, sP, sV1, s_row_scale,
-                            s_row_inv, pipe_k)
+                            s_row_inv, pipe_k, storage)
 
     # ------------------------------------------------------------- producer
     @cute.jit
@@ -192,10 +192,13 @@ class MLADecode3WG(MLADecodeBase):
                 self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
                 q_prod.advance()
             if is_k_producer:
-                for blk in cutlass.range(start, stop, unroll=1):
+                for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
                     self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head,
                                           wg_tidx)
                     k_prod.advance()
+            if const_expr(self.split_cluster > 1):
+                # The consumers reduce the chunk in the K stages: no load of the next chunk before.
+                self.cluster_idle()
         if const_expr(not paged_kv.uses_tma(self.page_size)):
             # No gather thread leaves with copies in flight (their completion arrives on the stage
             # barriers the consumers still wait on).
@@ -239,7 +242,7 @@ class MLADecode3WG(MLADecodeBase):
     @cute.jit
     def mma_qk_softmax_pv(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0, s_row_scale,
-                          s_row_inv, pipe_q, pipe_k, scale_log2):
+                          s_row_inv, pipe_q, pipe_k, scale_log2, storage):
         """WG1: QK, softmax, P hand-off, P.V for columns 0..255 (module docstring: the overlap)."""
         mma_qk, _, mma_pv_ss = self.tiled_mmas()
         p_full = pipeline.NamedBarrier(barrier_id=int(Bar.P_FULL), num_threads=CONSUMER_THREADS)
@@ -280,7 +283,7 @@ class MLADecode3WG(MLADecodeBase):
                 self.loader.consumer_wait(pipe_k, k_state)
                 self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
                 warpgroup.wait_group(0)
-                if start + 1 == stop:
+                if start + self.split_cluster >= stop:  # start is the chunk's only tile here
                     pipe_q.consumer_release(q_state)
                 self.softmax_tile(acc_s, start, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
                 rP.store(acc_s.load().to(self.dtype))
@@ -289,10 +292,10 @@ class MLADecode3WG(MLADecodeBase):
                 pipe_q.consumer_release(q_state)  # a zero-length request: no tile, nothing read
 
             # Iteration blk: rP holds P(blk), row_scale its factor; P(blk) is already with WG2.
-            for blk in cutlass.range(start, stop, unroll=1):
+            for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
                 k_next = k_state.clone()
                 k_next.advance()
-                has_next = blk + 1 < stop
+                has_next = blk + self.split_cluster < stop
                 softmax.rescale_rows(acc_o_mn, row_scale)
                 valid = seqlen - blk * BLOCK_N
                 if valid < BLOCK_N:  # the request's last tile: never has a next tile in this chunk
@@ -310,9 +313,9 @@ class MLADecode3WG(MLADecodeBase):
                     self.issue_qk(acc_s, tSrQ, tSrK, k_next.index)
                     self.issue_pv(acc_o, tOrP, tOrV, k_state.index)
                     warpgroup.wait_group(1)  # QK(blk+1) done; P.V(blk) may still run
-                    if blk + 2 == stop:
+                    if blk + 2 * self.split_cluster >= stop:  # tile blk + step is the last
                         pipe_q.consumer_release(q_state)
-                    self.softmax_tile(acc_s, blk + 1, seqlen, row_limit, tScS, row_max, row_sum, row_scale,
+                    self.softmax_tile(acc_s, blk + self.split_cluster, seqlen, row_limit, tScS, row_max, row_sum, row_scale,
                                       scale_log2)
                     warpgroup.wait_group(0)  # P.V(blk) done: rP and tile blk are free
                     self.loader.consumer_release(pipe_k, k_state)
@@ -324,9 +327,9 @@ class MLADecode3WG(MLADecodeBase):
                         self.loader.consumer_wait(pipe_k, k_next)
                         self.issue_qk(acc_s, tSrQ, tSrK, k_next.index)
                         warpgroup.wait_group(0)
-                        if blk + 2 == stop:
+                        if blk + 2 * self.split_cluster >= stop:  # tile blk + step is the last
                             pipe_q.consumer_release(q_state)
-                        self.softmax_tile(acc_s, blk + 1, seqlen, row_limit, tScS, row_max, row_sum, row_scale,
+                        self.softmax_tile(acc_s, blk + self.split_cluster, seqlen, row_limit, tScS, row_max, row_sum, row_scale,
                                           scale_log2)
                 if has_next:
                     rP.store(acc_s.load().to(self.dtype))
@@ -345,14 +348,19 @@ class MLADecode3WG(MLADecodeBase):
                 for i in cutlass.range_constexpr(n_rows_thr):
                     s_row_inv[tScS[i, 0][0]] = row_inv[i]
             p_full.arrive()
-            self.store_rows(acc_o, mma_pv_ss, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head, r, is_split,
-                            split_idx, mO, mLSE, mOaccum, mLSEaccum)
+            if const_expr(self.split_cluster > 1):
+                self.cluster_epilogue(acc_o, mma_pv_ss, wg_tidx, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head,
+                                      r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
+            else:
+                self.store_rows(acc_o, mma_pv_ss, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head, r, is_split,
+                                split_idx, mO, mLSE, mOaccum, mLSEaccum)
         # Pairs WG2's last P_EMPTY arrive so no arrival is left pending at exit.
         p_empty.arrive_and_wait()
 
     @cute.jit
     def mma_pv(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-               mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sK, sP, sV1, s_row_scale, s_row_inv, pipe_k):
+               mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sK, sP, sV1, s_row_scale, s_row_inv, pipe_k,
+               storage):
         """WG2: P.V for columns 256..511 with P from smem, per WG1's hand-off."""
         _, _, mma_pv_ss = self.tiled_mmas()
         p_full = pipeline.NamedBarrier(barrier_id=int(Bar.P_FULL), num_threads=CONSUMER_THREADS)
@@ -373,7 +381,7 @@ class MLADecode3WG(MLADecodeBase):
             acc_o.fill(0.0)
             acc_o_mn = layouts.acc_mn_view(acc_o)
             row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
-            for blk in cutlass.range(start, stop, unroll=1):
+            for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
                 p_full.arrive_and_wait()
                 for i in cutlass.range_constexpr(n_rows_thr):
                     row_scale[i] = s_row_scale[tOcO[i, 0][0]]
@@ -392,5 +400,9 @@ class MLADecode3WG(MLADecodeBase):
             for i in cutlass.range_constexpr(n_rows_thr):
                 row_inv[i] = s_row_inv[tOcO[i, 0][0]]
             p_empty.arrive()
-            self.store_rows(acc_o, mma_pv_ss, wg_tidx, row_inv, row_inv, False, HALF, m_block, kv_head, r, is_split,
-                            split_idx, mO, mLSE, mOaccum, mLSEaccum)
+            if const_expr(self.split_cluster > 1):
+                self.cluster_epilogue(acc_o, mma_pv_ss, wg_tidx, wg_tidx + WG_THREADS, row_inv, row_inv, False, HALF,
+                                      m_block, kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
+            else:
+                self.store_rows(acc_o, mma_pv_ss, wg_tidx, row_inv, row_inv, False, HALF, m_block, kv_head, r, is_split,
+                                split_idx, mO, mLSE, mOaccum, mLSEaccum)

@@ -63,6 +63,7 @@ as FlashMLA does) can produce the same tensors later without a host sync.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -93,6 +94,66 @@ def num_sm_parts(num_sms: int, rows_per_kv: int, h_kv: int) -> int:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     m_blocks = -(-rows_per_kv // BLOCK_M)
     return max(num_sms // h_kv // m_blocks, 1)
+
+
+SPLIT_CLUSTER_ENV_VAR = "MLA_SPLIT_CLUSTER"
+"""``MLA_SPLIT_CLUSTER``: ``auto`` (unset: the default rule of ``split_cluster``), ``0``/``1`` (off), or
+2, 4, 8 (that cluster size wherever the plan has room for one group)."""
+SPLIT_CLUSTER_SIZES = (2, 4, 8)
+AUTO_SPLIT_CLUSTER = 8
+"""The cluster size ``auto`` uses: the largest portable one (15 groups of 8 on 132 SMs)."""
+
+
+def split_cluster_setting(value: str | None = None) -> str:
+    """The ``MLA_SPLIT_CLUSTER`` setting (``value``, else the environment), checked: ``"auto"``,
+    ``"1"`` (off) or a size in ``SPLIT_CLUSTER_SIZES``. Raises ``ValueError`` naming the variable."""
+    raw = os.environ.get(SPLIT_CLUSTER_ENV_VAR) if value is None else value
+    text = "auto" if raw is None or raw.strip() == "" else raw.strip().lower()
+    if text in ("0", "1", "off"):
+        return "1"
+    if text == "auto" or text in tuple(str(c) for c in SPLIT_CLUSTER_SIZES):
+        return text
+    raise ValueError(f"{SPLIT_CLUSTER_ENV_VAR} must be auto, 0, 1 or one of {SPLIT_CLUSTER_SIZES}, got {raw!r}")
+
+
+def split_cluster(batch_size: int, num_parts: int, setting: str | None = None) -> int:
+    """CTAs per split cluster for a plan of ``num_parts`` parts over ``batch_size`` requests; 1: none.
+
+    A split cluster lets ``c`` CTAs share every chunk of the plan (tile by tile) and combine their
+    partial outputs in distributed shared memory, so a request split over ``c`` CTAs needs no global
+    partials and no merge (docs/interfaces.md, "Split clusters"). It pays where the plain plan splits
+    every request many ways, i.e. small batches: ``auto`` takes clusters of ``AUTO_SPLIT_CLUSTER``
+    when there are at least ``2 * c`` parts per request. The plan and the launch both call this with
+    the same ``(batch_size, num_parts)`` (num_parts = tile_scheduler_metadata.shape[0]), so they agree
+    as long as ``MLA_SPLIT_CLUSTER`` does not change between planning and the decode call.
+    """
+    text = split_cluster_setting(setting)
+    if text == "1":
+        return 1
+    if text == "auto":
+        c = AUTO_SPLIT_CLUSTER
+        if batch_size * 2 * c > num_parts:
+            return 1
+    else:
+        c = int(text)
+    return c if split_groups(num_parts, c) >= 1 else 1
+
+
+def split_groups(num_parts, cluster: int):
+    """Groups of ``cluster`` CTAs that a split-cluster plan of ``num_parts`` parts uses.
+
+    ``num_parts`` CTAs (per m-block and kv head) fill the SMs one CTA each; clusters of ``cluster``
+    CTAs must each sit in one GPC, and on a 132-SM H100/H200 at most 120 CTAs of the decode kernel
+    are resident in clusters of 4 or 8 (15 clusters of 8, 30 of 4; 66 of 2, measured with
+    ``cudaOccupancyMaxActiveClusters``), so a group count past ``10/11`` of the parts would leave a
+    cluster waiting for a second wave. Works on Python ints and on the DSL's Int32 alike (the
+    kernel's launch computes its grid with it).
+    """
+    if cluster == 1:
+        return num_parts
+    if cluster == 2:
+        return num_parts // 2
+    return num_parts * 10 // 11 // cluster
 
 
 def host_lengths(seqlens: Sequence[int] | torch.Tensor, name: str = "seqlens") -> list[int]:
@@ -175,6 +236,40 @@ def plan(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = B
         raise AssertionError(f"planner left requests {req}..{b - 1} unassigned")
     return (torch.tensor(metadata, dtype=torch.int32).reshape(num_parts, METADATA_WIDTH),
             torch.tensor(num_splits, dtype=torch.int32))
+
+
+def empty_rows(metadata: torch.Tensor) -> None:
+    """Make every row of ``metadata`` an empty part (in place)."""
+    metadata.zero_()
+    metadata[:, END_REQ] = -1
+
+
+def plan_clustered(seqlens: Sequence[int] | torch.Tensor, num_parts: int, cluster: int,
+                   fixed_cost: int = FIXED_COST) -> tuple[torch.Tensor, torch.Tensor]:
+    """``plan`` for a split cluster of ``cluster`` CTAs (``cluster == 1``: ``plan`` itself).
+
+    The first ``split_groups(num_parts, cluster)`` rows are the plan of that many parts in units of
+    ``cluster`` tiles (``block_n = 64 * cluster``): a group's CTAs share each of its chunks tile by tile,
+    so a chunk of k units costs a group about k tiles' time. The other rows are empty parts. The
+    metadata keeps ``num_parts`` rows, so the workspace and every shape stay those of the plain plan.
+    """
+    if cluster == 1:
+        return plan(seqlens, num_parts, fixed_cost=fixed_cost)
+    groups = split_groups(num_parts, cluster)
+    if groups < 1:
+        raise ValueError(f"no room for a split cluster of {cluster} in {num_parts} parts")
+    group_metadata, num_splits = plan(seqlens, groups, block_n=BLOCK_N * cluster, fixed_cost=fixed_cost)
+    metadata = torch.empty(num_parts, METADATA_WIDTH, dtype=torch.int32)
+    empty_rows(metadata)
+    metadata[:groups] = group_metadata
+    return metadata, num_splits
+
+
+def plan_default(seqlens: Sequence[int] | torch.Tensor, num_parts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The plan the API makes for ``num_parts`` parts: ``plan_clustered`` with the split cluster of
+    ``split_cluster(b, num_parts)`` (``MLA_SPLIT_CLUSTER`` read now)."""
+    lengths = host_lengths(seqlens)
+    return plan_clustered(lengths, num_parts, split_cluster(len(lengths), num_parts))
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ import pipelines
 from mla import api, validate
 from pipelines import paged_kv
 from mla.reference import split_decode_reference
+from split_k import planner as planner_module
 from mla.testing import hopper_skip_reason
 
 # 2wg: the loaders' page sizes (what the real registry says); 3wg: a narrower fake set, to test that
@@ -91,11 +92,14 @@ class FakeKernel:
 
     def __init__(self):
         self.configs: list[tuple] = []
+        self.split_clusters: list[int] = []
         self.calls: list[dict] = []
 
-    def __call__(self, variant, dtype, num_heads_q, seqlen_q, page_size, causal, num_heads_k=1, partial=None):
+    def __call__(self, variant, dtype, num_heads_q, seqlen_q, page_size, causal, num_heads_k=1, partial=None,
+                 split_cluster=1):
         causal = bool(causal) and seqlen_q > 1  # as pipelines.launch.DecodeConfig normalises it
         self.configs.append((variant, dtype, num_heads_q, seqlen_q, page_size, causal, num_heads_k))
+        self.split_clusters.append(split_cluster)
 
         config = self.configs[-1]
 
@@ -113,7 +117,7 @@ class FakeKernel:
                                    lse_accum=lse_accum, softmax_scale=softmax_scale, causal=causal))
             ref_out, ref_lse, ref_oacc, ref_lacc = split_decode_reference(
                 q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
-                softmax_scale=softmax_scale, causal=causal)
+                softmax_scale=softmax_scale, causal=causal, block_n=planner_module.BLOCK_N * split_cluster)
             out.copy_(ref_out)
             lse.copy_(ref_lse)
             o_accum.copy_(ref_oacc)
@@ -155,13 +159,18 @@ class FakePlanner:
     def __init__(self):
         self.calls: list[dict] = []
 
-    def __call__(self, cache_seqlens, tile_scheduler_metadata, num_splits):
+    def __call__(self, cache_seqlens, tile_scheduler_metadata, num_splits, split_cluster=1):
         from split_k.planner_kernel import kernel_model
+        if split_cluster > 1:  # as pipelines.run_planner: the first rows, in units of split_cluster tiles
+            groups = planner_module.split_groups(tile_scheduler_metadata.shape[0], split_cluster)
+            planner_module.empty_rows(tile_scheduler_metadata[groups:])
+            tile_scheduler_metadata = tile_scheduler_metadata[:groups]
 
         self.calls.append(dict(cache_seqlens=cache_seqlens, tile_scheduler_metadata=tile_scheduler_metadata,
                                num_splits=num_splits))
         assert cache_seqlens.stride(0) == 1, "the kernel is compiled for unit-stride lengths"
-        rows, splits = kernel_model(cache_seqlens.tolist(), tile_scheduler_metadata.shape[0])
+        rows, splits = kernel_model(cache_seqlens.tolist(), tile_scheduler_metadata.shape[0],
+                                    block_n=planner_module.BLOCK_N * split_cluster)
         tile_scheduler_metadata.copy_(torch.tensor(rows, dtype=torch.int32))
         num_splits.copy_(torch.tensor(splits, dtype=torch.int32))
 

@@ -206,7 +206,7 @@ class TestGetMlaMetadata:
     def test_classic_form_matches_the_planner(self):
         prob = problem(seqlens=(100, 0, 3000, 64))
         meta, splits = mla.get_mla_metadata(prob.cache_seqlens, 2 * 64, 1, num_sms=NUM_SMS)
-        want_meta, want_splits = planner.plan([100, 0, 3000, 64], planner.num_sm_parts(NUM_SMS, 128, 1))
+        want_meta, want_splits = planner.plan_default([100, 0, 3000, 64], planner.num_sm_parts(NUM_SMS, 128, 1))
         assert meta.dtype == splits.dtype == torch.int32
         assert meta.shape == (66, 8) and torch.equal(meta, want_meta) and torch.equal(splits, want_splits)
         assert meta.device == prob.cache_seqlens.device
@@ -285,7 +285,7 @@ def test_lazy_metadata_is_planned_on_first_use_and_checked_after(fake_kernel):
     out, lse = mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512,
                                           sched, none)
     assert sched.have_initialized
-    want_meta, want_splits = planner.plan([900, 5], NUM_SMS)
+    want_meta, want_splits = planner.plan_default([900, 5], NUM_SMS)
     assert torch.equal(sched.tile_scheduler_metadata, want_meta) and torch.equal(sched.num_splits, want_splits)
     torch.testing.assert_close(lse, mla_decode_reference(prob.q, prob.k_cache, prob.block_table,
                                                          prob.cache_seqlens)[1])
@@ -418,7 +418,7 @@ class TestMLADecoder:
         self.plan(new, dec)
         assert [t.data_ptr() for t in (dec.tile_scheduler_metadata, dec.num_splits, dec._workspace,
                                        dec._lse)] == ptrs
-        assert torch.equal(dec.tile_scheduler_metadata, planner.plan([4000, 10, 1], NUM_SMS)[0])
+        assert torch.equal(dec.tile_scheduler_metadata, planner.plan_default([4000, 10, 1], NUM_SMS)[0])
         out, lse = dec.run(new.q, new.k_cache, new.block_table, new.cache_seqlens)
         torch.testing.assert_close(lse, mla_decode_reference(new.q, new.k_cache, new.block_table,
                                                              new.cache_seqlens)[1])

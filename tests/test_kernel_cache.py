@@ -272,7 +272,11 @@ def test_decode_config_key_normalises_and_distinguishes():
     base = DecodeConfig.make("2wg", "torch.bfloat16", 16, 1, 64, True)
     assert base == DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False)  # causal means nothing for s_q = 1
     assert base == DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, multicast=False)  # no cluster anyway
-    assert base.key() == ("decode", "2wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32")
+    assert base.key() == ("decode", "2wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32", 1)
+    # A split cluster is its own kernel, and it excludes the multicast cluster.
+    assert DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, split_cluster=8).key()[-1] == 8
+    h128 = DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False)
+    assert h128.cluster == 2 and DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False, split_cluster=4).cluster == 1
     # 16-bit partials: "input" names the input dtype; any other dtype is refused.
     assert DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, partial="input").partial == "bfloat16"
     assert DecodeConfig.make("2wg", "float16", 16, 1, 64, False, partial="torch.float16").partial == "float16"

@@ -275,7 +275,7 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, fake_planner, monkeypatch, t
 
     launched = []
 
-    def decode_launcher(variant, dtype, num_heads_q, *config, partial=None):
+    def decode_launcher(variant, dtype, num_heads_q, *config, partial=None, split_cluster=1):
         if num_heads_q == 32:
             raise RuntimeError("no kernel for h_q 32")
 

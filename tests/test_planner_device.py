@@ -209,7 +209,7 @@ class TestGetMlaMetadataOnDevice:
         (call,) = fake_planner.calls
         assert call["tile_scheduler_metadata"] is meta and call["num_splits"] is splits
         assert call["cache_seqlens"] is cache_seqlens
-        want_meta, want_splits = planner.plan(lengths, 66)
+        want_meta, want_splits = planner.plan_default(lengths, 66)
         assert torch.equal(meta, want_meta) and torch.equal(splits, want_splits)
         assert meta._mla_plan_info == PlanInfo(max_seqlen=None, num_parts=66)
 
@@ -218,7 +218,7 @@ class TestGetMlaMetadataOnDevice:
         meta, splits = mla.get_mla_metadata(prob.cache_seqlens, 16, 1, num_sms=NUM_SMS, planner="host")
         assert not fake_planner.calls
         assert meta._mla_plan_info == PlanInfo(max_seqlen=3000, num_parts=NUM_SMS)
-        assert torch.equal(meta, planner.plan([100, 0, 3000], NUM_SMS)[0])
+        assert torch.equal(meta, planner.plan_default([100, 0, 3000], NUM_SMS)[0])
 
     def test_empty_batch_launches_nothing(self, fake_planner):
         meta, splits = mla.get_mla_metadata(torch.zeros(0, dtype=torch.int32), 16, 1, num_sms=4)
@@ -243,7 +243,7 @@ class TestGetMlaMetadataOnDevice:
         one = torch.tensor([7, 640], dtype=torch.int32)[1::2]  # b = 1: any stride names the same element
         meta, splits = mla.get_mla_metadata(one, 16, 1, num_sms=NUM_SMS)
         assert fake_planner.calls[0]["cache_seqlens"].stride(0) == 1
-        want_meta, want_splits = planner.plan([640], NUM_SMS)
+        want_meta, want_splits = planner.plan_default([640], NUM_SMS)
         assert torch.equal(meta, want_meta) and torch.equal(splits, want_splits)
 
     def test_device_plans_skip_the_block_table_width_check(self, fake_planner, fake_kernel, monkeypatch):
@@ -266,7 +266,7 @@ def test_lazy_metadata_plans_on_the_device(fake_planner, fake_kernel):
     sched, _ = mla.get_mla_metadata(num_sms=NUM_SMS)
     mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512, sched, None)
     assert len(fake_planner.calls) == 1 and sched.info == PlanInfo(None, NUM_SMS)
-    assert torch.equal(sched.tile_scheduler_metadata, planner.plan([900, 5], NUM_SMS)[0])
+    assert torch.equal(sched.tile_scheduler_metadata, planner.plan_default([900, 5], NUM_SMS)[0])
     mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512, sched, None)
     assert len(fake_planner.calls) == 1, "planned once"
     host_sched, _ = mla.get_mla_metadata(num_sms=NUM_SMS, planner="host")
@@ -290,7 +290,8 @@ class TestDecoderOnDevice:
         prob = make_decode_problem([100, 0, 300], h_q=16)
         dec = self.plan(prob)
         (first,) = fake_planner.calls
-        assert first["tile_scheduler_metadata"] is dec.tile_scheduler_metadata
+        # (the planner writes the plan's rows in place: with a split cluster, a view of the first rows)
+        assert first["tile_scheduler_metadata"].data_ptr() == dec.tile_scheduler_metadata.data_ptr()
         assert first["num_splits"] is dec.num_splits and dec._info == PlanInfo(None, NUM_SMS)
         ptrs = [t.data_ptr() for t in self.buffers(dec)]
         new = make_decode_problem([4000, 10, 1], h_q=16, seed=1)
@@ -298,7 +299,7 @@ class TestDecoderOnDevice:
         second = fake_planner.calls[1]
         assert second["tile_scheduler_metadata"] is dec.tile_scheduler_metadata, "no new plan tensors"
         assert [t.data_ptr() for t in self.buffers(dec)] == ptrs
-        want_meta, want_splits = planner.plan([4000, 10, 1], NUM_SMS)
+        want_meta, want_splits = planner.plan_default([4000, 10, 1], NUM_SMS)
         assert torch.equal(dec.tile_scheduler_metadata, want_meta) and torch.equal(dec.num_splits, want_splits)
         out, lse = dec.run(new.q, new.k_cache, new.block_table, new.cache_seqlens)
         ref_out, ref_lse = mla_decode_reference(new.q, new.k_cache, new.block_table, new.cache_seqlens)
@@ -312,7 +313,7 @@ class TestDecoderOnDevice:
         dec = mla.MLADecoder(num_sms=NUM_SMS, planner="host")
         dec.plan(prob.cache_seqlens, num_heads_q=16)
         assert not fake_planner.calls and dec._info == PlanInfo(300, NUM_SMS)
-        assert torch.equal(dec.tile_scheduler_metadata, planner.plan([100, 0, 300], NUM_SMS)[0])
+        assert torch.equal(dec.tile_scheduler_metadata, planner.plan_default([100, 0, 300], NUM_SMS)[0])
 
     def test_failed_plan_leaves_the_decoder_as_it_was(self, fake_planner, fake_kernel):
         prob = make_decode_problem([100, 0, 300], h_q=16)

@@ -21,29 +21,33 @@ def configs(argv):
 
 def test_every_combination_once_causal_only_where_it_exists(monkeypatch):
     monkeypatch.delenv("MLA_MULTICAST", raising=False)
+    # Split clusters (the last field): the default adds the size small batches use beside 1.
+    monkeypatch.delenv("MLA_SPLIT_CLUSTER", raising=False)
+    assert [c[-1] for c in configs(["--heads-q", "16", "--page-size", "64", "--pipeline", "2wg"])[0]] == [1, 8]
+    monkeypatch.setenv("MLA_SPLIT_CLUSTER", "1")
     found, skipped = configs(["--dtype", "bf16", "fp16", "bfloat16", "--heads-q", "128", "16", "--seqlen-q", "1", "2",
                               "--page-size", "64", "--pipeline", "2wg"])
     assert skipped == []
     # (..., h_kv, cluster): 128 rows and more at a TMA page size run as 2-CTA multicast clusters.
     assert found == [
-        ("2wg", "bfloat16", 128, 1, 64, False, 1, 2, "float32"), ("2wg", "bfloat16", 128, 2, 64, False, 1, 2, "float32"),
-        ("2wg", "bfloat16", 128, 2, 64, True, 1, 2, "float32"), ("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32"),
-        ("2wg", "bfloat16", 16, 2, 64, False, 1, 1, "float32"), ("2wg", "bfloat16", 16, 2, 64, True, 1, 1, "float32"),
-        ("2wg", "float16", 128, 1, 64, False, 1, 2, "float32"), ("2wg", "float16", 128, 2, 64, False, 1, 2, "float32"),
-        ("2wg", "float16", 128, 2, 64, True, 1, 2, "float32"), ("2wg", "float16", 16, 1, 64, False, 1, 1, "float32"),
-        ("2wg", "float16", 16, 2, 64, False, 1, 1, "float32"), ("2wg", "float16", 16, 2, 64, True, 1, 1, "float32"),
+        ("2wg", "bfloat16", 128, 1, 64, False, 1, 2, "float32", 1), ("2wg", "bfloat16", 128, 2, 64, False, 1, 2, "float32", 1),
+        ("2wg", "bfloat16", 128, 2, 64, True, 1, 2, "float32", 1), ("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32", 1),
+        ("2wg", "bfloat16", 16, 2, 64, False, 1, 1, "float32", 1), ("2wg", "bfloat16", 16, 2, 64, True, 1, 1, "float32", 1),
+        ("2wg", "float16", 128, 1, 64, False, 1, 2, "float32", 1), ("2wg", "float16", 128, 2, 64, False, 1, 2, "float32", 1),
+        ("2wg", "float16", 128, 2, 64, True, 1, 2, "float32", 1), ("2wg", "float16", 16, 1, 64, False, 1, 1, "float32", 1),
+        ("2wg", "float16", 16, 2, 64, False, 1, 1, "float32", 1), ("2wg", "float16", 16, 2, 64, True, 1, 1, "float32", 1),
     ]
     assert configs(["--seqlen-q", "2", "--causal", "yes", "--page-size", "64", "--pipeline", "2wg"])[0] == [
-        ("2wg", "bfloat16", 128, 2, 64, True, 1, 2, "float32")]
+        ("2wg", "bfloat16", 128, 2, 64, True, 1, 2, "float32", 1)]
     # Multicast: the environment's switch by default; both where a cluster exists, one entry elsewhere.
     monkeypatch.setenv("MLA_MULTICAST", "0")
-    assert configs(["--page-size", "64", "--pipeline", "2wg"])[0] == [("2wg", "bfloat16", 128, 1, 64, False, 1, 1, "float32")]
+    assert configs(["--page-size", "64", "--pipeline", "2wg"])[0] == [("2wg", "bfloat16", 128, 1, 64, False, 1, 1, "float32", 1)]
     assert configs(["--page-size", "64", "1", "--multicast", "both", "--pipeline", "2wg"])[0] == [
-        ("2wg", "bfloat16", 128, 1, 64, False, 1, 2, "float32"), ("2wg", "bfloat16", 128, 1, 64, False, 1, 1, "float32"),
-        ("2wg", "bfloat16", 128, 1, 1, False, 1, 1, "float32")]
+        ("2wg", "bfloat16", 128, 1, 64, False, 1, 2, "float32", 1), ("2wg", "bfloat16", 128, 1, 64, False, 1, 1, "float32", 1),
+        ("2wg", "bfloat16", 128, 1, 1, False, 1, 1, "float32", 1)]
     # Partial dtypes: MLA_PARTIAL_DTYPE by default (float32), or both.
     assert configs(["--page-size", "64", "--heads-q", "16", "--partial", "both", "--pipeline", "2wg"])[0] == [
-        ("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32"), ("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "bfloat16")]
+        ("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32", 1), ("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "bfloat16", 1)]
     # Default page sizes: every one the pipeline supports.
     import pipelines
     assert {c[4] for c in configs([])[0]} == set(pipelines.supported_page_sizes("2wg"))
@@ -52,9 +56,10 @@ def test_every_combination_once_causal_only_where_it_exists(monkeypatch):
 
 
 def test_invalid_combinations_are_reported_not_compiled(monkeypatch):
+    monkeypatch.setenv("MLA_SPLIT_CLUSTER", "1")
     found, skipped = configs(["--heads-q", "256", "6", "--heads-k", "1", "4", "--seqlen-q", "1", "5",
                               "--page-size", "64", "--pipeline", "2wg"])
-    assert found == [("2wg", "bfloat16", 256, 1, 64, False, 4, 1, "float32"), ("2wg", "bfloat16", 6, 1, 64, False, 1, 1, "float32")]
+    assert found == [("2wg", "bfloat16", 256, 1, 64, False, 4, 1, "float32", 1), ("2wg", "bfloat16", 6, 1, 64, False, 1, 1, "float32", 1)]
     assert "2wg bfloat16 h_q=256 h_kv=1 s_q=1 page=64: h_q / h_kv > 128" in skipped
     assert "2wg bfloat16 h_q=6 h_kv=4 s_q=1 page=64: h_q is not a multiple of h_kv" in skipped
     assert "2wg bfloat16 h_q=6 h_kv=1 s_q=5 page=64: s_q > 4" in skipped
@@ -71,6 +76,7 @@ def test_invalid_combinations_are_reported_not_compiled(monkeypatch):
 
 
 def _run(args, cache_dir, **env):
+    env.setdefault("MLA_SPLIT_CLUSTER", "1")  # the expectations below count the entries without split clusters
     env = dict(os.environ, MLA_CACHE_DIR=str(cache_dir), PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])), **env)
     return subprocess.run([sys.executable, "-m", "mla.precompile", *args], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=900)
@@ -91,7 +97,7 @@ def test_precompile_stores_and_a_new_process_finds_it(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "already cached" in second.stdout and "0 compiled, 2 already cached" in second.stdout
     listing = _run(["--list"], tmp_path)
-    assert "2 entries" in listing.stdout and "('decode', '2wg', 'bfloat16', 16, 1, 64, False, 1, 1, 'float32')" in listing.stdout
+    assert "2 entries" in listing.stdout and "('decode', '2wg', 'bfloat16', 16, 1, 64, False, 1, 1, 'float32', 1)" in listing.stdout
     assert "('planner',)" in listing.stdout
     # A damaged entry is replaced, not loaded.
     obj.write_bytes(obj.read_bytes()[: obj.stat().st_size // 2])
