@@ -416,45 +416,51 @@ class MLADecodeBase:
         acc_mn = layouts.acc_mn_view(acc)
         for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
             row = tOcO[i, 0][0]
-            inv = row_inv[i]
-            for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                sO[row, col0 + tOcO[i, j][1]] = acc_mn[i, j] * inv
-            if const_expr(publish):
-                if wg_tidx % 4 == 0:
-                    s_lse[row] = row_lse[i]
+            if m_block * BLOCK_M + row < self.rows:  # padding rows of the last m-block are never read
+                inv = row_inv[i]
+                for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                    sO[row, col0 + tOcO[i, j][1]] = acc_mn[i, j] * inv
+                if const_expr(publish):
+                    if wg_tidx % 4 == 0:
+                        s_lse[row] = row_lse[i]
+        # Release (cluster scope) of the scratch and lse stores to the peers that read them next.
         cute.arch.cluster_arrive()
         cute.arch.cluster_wait()
 
         log2e = Float32(math.log2(math.e))
         row_base = m_block * BLOCK_M
         quads = W // 4
-        for it in cutlass.range(BLOCK_M * quads // 256, unroll=1):
+        # Only the rows the output has: a 16-head m-block reads 16 rows of each rank's partial, not 64
+        # (the remote reads are what this step costs).
+        items = min(BLOCK_M, self.rows) * quads
+        for it in cutlass.range((items + 255) // 256, unroll=1):
             item = math_tidx + it * 256
             row = item // quads
             q = item - row * quads
             col = rank * W + q * 4
-            lse_k = cute.make_rmem_tensor(C, Float32)
-            lse_max = -Float32.inf
-            for k in cutlass.range_constexpr(C):
-                lse_k[k] = _load_cluster_f32(s_lse.iterator + row, k)
-                lse_max = cute.arch.fmax(lse_max, lse_k[k])
-            lse_safe = lse_max
-            if lse_max == -Float32.inf:
-                lse_safe = Float32(0.0)  # no rank saw a key: every weight is exp(-inf) = 0
-            total = Float32(0.0)
-            o = cute.make_rmem_tensor(4, Float32)
-            o.fill(0.0)
-            for k in cutlass.range_constexpr(C):
-                w = cute.math.exp2((lse_k[k] - lse_safe) * log2e, fastmath=True)
-                total += w
-                for e in cutlass.range_constexpr(4):
-                    o[e] += w * _load_cluster_f32(scratch_ptr + (row * SCRATCH_ROW + col + e), k)
-            inv_total = Float32(0.0)
-            lse = -Float32.inf
-            if total > Float32(0.0):
-                inv_total = cute.arch.rcp_approx(total)
-                lse = lse_max + cute.math.log2(total, fastmath=True) * Float32(softmax.LN2)
-            if row_base + row < self.rows:
+            if item < items and row_base + row < self.rows:
+                lse_k = cute.make_rmem_tensor(C, Float32)
+                lse_max = -Float32.inf
+                for k in cutlass.range_constexpr(C):
+                    lse_k[k] = _load_cluster_f32(s_lse.iterator + row, k)
+                    lse_max = cute.arch.fmax(lse_max, lse_k[k])
+                lse_safe = lse_max
+                if lse_max == -Float32.inf:
+                    lse_safe = Float32(0.0)  # no rank saw a key: every weight is exp(-inf) = 0
+                total = Float32(0.0)
+                o = cute.make_rmem_tensor(4, Float32)
+                o.fill(0.0)
+                for k in cutlass.range_constexpr(C):
+                    w = cute.math.exp2((lse_k[k] - lse_safe) * log2e, fastmath=True)
+                    total += w
+                    v = _load_cluster_f32x4(scratch_ptr + (row * SCRATCH_ROW + col), k)
+                    for e in cutlass.range_constexpr(4):
+                        o[e] += w * v[e]
+                inv_total = Float32(0.0)
+                lse = -Float32.inf
+                if total > Float32(0.0):
+                    inv_total = cute.arch.rcp_approx(total)
+                    lse = lse_max + cute.math.log2(total, fastmath=True) * Float32(softmax.LN2)
                 for e in cutlass.range_constexpr(4):
                     if is_split:
                         mOaccum[row_base + row, col + e, kv_head, split_idx] = (o[e] * inv_total).to(
@@ -470,17 +476,32 @@ class MLADecodeBase:
                                 lse = Float32.inf  # no key at all: the unsplit convention
                             mLSE[row_base + row, kv_head, r] = lse
         # Generic-proxy reads of the scratch, then (next chunk) TMA writes into it: the proxy fence.
+        # A relaxed arrive: it only has to say "my reads of the peers are done", and they are (their
+        # values were used above); a releasing one would also wait for the stores to out (MEMBAR.GPU).
         cute.arch.fence_view_async_shared()
-        cute.arch.cluster_arrive()
+        cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
 
     @cute.jit
     def cluster_idle(self):
         """A warpgroup without output (the 3wg producer) passes the chunk's two cluster barriers."""
-        cute.arch.cluster_arrive()
+        cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
-        cute.arch.cluster_arrive()
+        cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
+
+
+def _load_cluster_f32x4(local_ptr, rank):
+    """Load 4 fp32 (16 B, 16-byte aligned) at ``local_ptr``'s offset in cluster CTA ``rank``'s shared
+    memory: one request instead of four. Inline PTX (``mapa`` + ``ld.shared::cluster.v4``) with side
+    effects, so it is not moved across the cluster barriers: the DSL's vector load made ptxas
+    serialize every wgmma of the kernel."""
+    f32 = Float32.mlir_type
+    res = llvm.inline_asm(
+        llvm.StructType.get_literal([f32] * 4), [Int32(local_ptr.toint()).ir_value(), Int32(rank).ir_value()],
+        "{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, $4, $5;\nld.shared::cluster.v4.f32 {$0, $1, $2, $3}, [ra];\n}",
+        "=f,=f,=f,=f,r,r", has_side_effects=True)
+    return [Float32(llvm.extractvalue(f32, res, [e])) for e in range(4)]
 
 
 def _load_cluster_f32(local_ptr, rank) -> Float32:
