@@ -58,46 +58,68 @@ GPU_CHECK_CASES = ((1, 16, 1, False), (2, 16, 2, True), (1, 128, 1, False))
 GPU_CHECK_PAGE_SIZES = (1, 16, 32, 64, 128)
 
 
+GPU_CHECK_SPLIT_CLUSTERS = (1, 8)
+"""Split-cluster settings of the GPU self-check: off (the default path) and clusters of 8."""
+
+
 def gpu_check(page_sizes=GPU_CHECK_PAGE_SIZES) -> bool:
     """Decode b=2, ~200 keys, NaN in unused cache slots, through the public API for each pipeline with
-    a kernel, each of ``page_sizes`` it supports and each of ``GPU_CHECK_CASES``; compare with the
-    reference. Returns True when all pass (and at least one decode ran)."""
+    a kernel, each of ``page_sizes`` it supports, each of ``GPU_CHECK_CASES`` and each of
+    ``GPU_CHECK_SPLIT_CLUSTERS``; compare with the reference. Returns True when all pass (and at
+    least one decode ran)."""
+    import os
+
     from pipelines import paged_kv
 
     ok, ran = True, 0
     multicast = paged_kv.multicast_enabled()
-    for variant in pipelines.available_variants():
-        for page_size in [p for p in page_sizes if p in pipelines.supported_page_sizes(variant)]:
-            for s_q, h_q, h_kv, causal in GPU_CHECK_CASES:
-                m_blocks = -(-s_q * h_q // h_kv // 64)
-                cluster = paged_kv.cluster_size(page_size, m_blocks, multicast)
-                name = (f"{variant} (page {page_size} {'TMA' if paged_kv.uses_tma(page_size) else 'cp.async'}"
-                        f"{f', cluster {cluster}' if cluster > 1 else ''}, s_q {s_q}, h_q {h_q}, h_kv {h_kv}"
-                        f"{', causal' if causal else ''})")
-                # The anchors' value distribution (randn / 10, clamped), for which the tolerances are made.
-                prob = make_decode_problem([200, 137], s_q=s_q, h_q=h_q, h_kv=h_kv, page_size=page_size,
-                                           device="cuda", seed=1, value_scale=0.1)
-                ref_out, ref_lse = mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens,
-                                                        causal=causal)
-                ran += 1
-                try:
-                    metadata, num_splits = api.get_mla_metadata(prob.cache_seqlens, s_q * h_q // h_kv, h_kv)
-                    out, lse = api.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table,
-                                                          prob.cache_seqlens, 512, metadata, num_splits,
-                                                          causal=causal, pipeline=variant)
-                    torch.cuda.synchronize()
-                except Exception as exc:  # report every variant, then fail
-                    print(f"  {name}: FAIL, raised {type(exc).__name__}: {exc}")
-                    ok = False
-                    continue
-                cmp = compare_to_reference(out, lse, ref_out, ref_lse)
-                print(f"  {name}: max |out - ref| = {cmp.max_abs_out:.3g}, max |lse - ref| = "
-                      f"{cmp.max_abs_lse:.3g}, cosine distance {cmp.cos_dist:.2g}: "
-                      f"{'PASS' if cmp.ok else 'FAIL (' + cmp.message + ')'}")
-                ok &= cmp.ok
+    saved = os.environ.get(planner.SPLIT_CLUSTER_ENV_VAR)
+    try:
+        for variant in pipelines.available_variants():
+            for page_size in [p for p in page_sizes if p in pipelines.supported_page_sizes(variant)]:
+                for s_q, h_q, h_kv, causal in GPU_CHECK_CASES:
+                    for split in GPU_CHECK_SPLIT_CLUSTERS:
+                        os.environ[planner.SPLIT_CLUSTER_ENV_VAR] = str(split)
+                        good, done = _gpu_case(variant, page_size, s_q, h_q, h_kv, causal, split, multicast)
+                        ok &= good
+                        ran += done
+    finally:
+        if saved is None:
+            os.environ.pop(planner.SPLIT_CLUSTER_ENV_VAR, None)
+        else:
+            os.environ[planner.SPLIT_CLUSTER_ENV_VAR] = saved
     if not ran:
         print(f"  no pipeline supports any of the page sizes {tuple(page_sizes)}: nothing checked: FAIL")
     return ok and ran > 0
+
+
+def _gpu_case(variant, page_size, s_q, h_q, h_kv, causal, split, multicast) -> tuple[bool, int]:
+    from pipelines import paged_kv
+
+    m_blocks = -(-s_q * h_q // h_kv // 64)
+    cluster = paged_kv.cluster_size(page_size, m_blocks, multicast and split == 1)
+    name = (f"{variant} (page {page_size} {'TMA' if paged_kv.uses_tma(page_size) else 'cp.async'}"
+            f"{f', cluster {cluster}' if cluster > 1 else ''}{f', split cluster {split}' if split > 1 else ''}, "
+            f"s_q {s_q}, h_q {h_q}, h_kv {h_kv}{', causal' if causal else ''})")
+    # The anchors' value distribution (randn / 10, clamped), for which the tolerances are made.
+    prob = make_decode_problem([200, 137], s_q=s_q, h_q=h_q, h_kv=h_kv, page_size=page_size,
+                               device="cuda", seed=1, value_scale=0.1)
+    ref_out, ref_lse = mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens,
+                                            causal=causal)
+    try:
+        metadata, num_splits = api.get_mla_metadata(prob.cache_seqlens, s_q * h_q // h_kv, h_kv)
+        out, lse = api.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table,
+                                              prob.cache_seqlens, 512, metadata, num_splits,
+                                              causal=causal, pipeline=variant)
+        torch.cuda.synchronize()
+    except Exception as exc:  # report every variant, then fail
+        print(f"  {name}: FAIL, raised {type(exc).__name__}: {exc}")
+        return False, 1
+    cmp = compare_to_reference(out, lse, ref_out, ref_lse)
+    print(f"  {name}: max |out - ref| = {cmp.max_abs_out:.3g}, max |lse - ref| = "
+          f"{cmp.max_abs_lse:.3g}, cosine distance {cmp.cos_dist:.2g}: "
+          f"{'PASS' if cmp.ok else 'FAIL (' + cmp.message + ')'}")
+    return cmp.ok, 1
 
 
 def cpu_check(num_sms: int = 132) -> bool:

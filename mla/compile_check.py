@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-COUNTED = ("HGMMA", "WGMMA_WAIT", "UTMALDG", "UTMALDG_MULTICAST", "USETMAXREG", "LDGSTS", "LDL", "STL")
+COUNTED = ("HGMMA", "WGMMA_WAIT", "UTMALDG", "UTMALDG_MULTICAST", "USETMAXREG", "LDGSTS", "CLUSTER_BAR", "LD_DSMEM",
+           "LDL", "STL")
 _PATTERNS = {
     "HGMMA": re.compile(r"\bHGMMA\b"),
     "WGMMA_WAIT": re.compile(r"\bWARPGROUP\.DEPBAR\b"),
@@ -40,6 +41,10 @@ _PATTERNS = {
     "UTMALDG_MULTICAST": re.compile(r"\bUTMALDG\S*MULTICAST"),
     "USETMAXREG": re.compile(r"\bUSETMAXREG\b"),
     "LDGSTS": re.compile(r"\bLDGSTS\b"),
+    # barrier.cluster.arrive, and the split cluster's 16-byte ld.shared::cluster (a generic LD.E.128:
+    # nothing else in these kernels loads 16 bytes through the generic path; global loads are LDG).
+    "CLUSTER_BAR": re.compile(r"\bUCGABAR_ARV\b"),
+    "LD_DSMEM": re.compile(r"\bLD\.E\.128\b"),
     "LDL": re.compile(r"\bLDL\b"),
     "STL": re.compile(r"\bSTL\b"),
 }
@@ -62,6 +67,7 @@ class Target:
     forbid: tuple[str, ...] = ("LDL", "STL")
     page_size: int = 64
     multicast: bool = True
+    split_cluster: int = 1
     registers: int | None = None  # the registers per thread the kernel must start with (None: any)
 
 
@@ -86,13 +92,17 @@ DECODE_CONFIGS = (
     ("float16", 16, 2, True, 64, True),
     ("bfloat16", 16, 1, False, 1, True),
     ("bfloat16", 64, 2, True, 16, False),
+    ("bfloat16", 16, 1, False, 64, True, 8),  # a split cluster of 8 (TMA pages)
+    ("bfloat16", 64, 2, True, 1, True, 4),  # a split cluster of 4 (cp.async gather), causal MTP
 )
 
 
-def loader_promises(page_size: int, h_q: int, s_q: int, multicast: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def loader_promises(page_size: int, h_q: int, s_q: int, multicast: bool,
+                    split_cluster: int = 1) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(need, forbid) that follow from the KV loader and the cluster: TMA pages load K with UTMALDG
-    and no cp.async; gather pages with LDGSTS; a cluster multicasts (UTMALDG...MULTICAST), a lone
-    CTA must not."""
+    and no cp.async; gather pages with LDGSTS; a multicast cluster multicasts (UTMALDG...MULTICAST),
+    a lone CTA must not; a split cluster (no multicast) synchronises its CTAs (barrier.cluster) and
+    reads the peers' partials from distributed shared memory (16-byte ld.shared::cluster)."""
     from pipelines import paged_kv
 
     need, forbid = [], []
@@ -101,10 +111,14 @@ def loader_promises(page_size: int, h_q: int, s_q: int, multicast: bool) -> tupl
         forbid.append("LDGSTS")
     else:
         need.append("LDGSTS")
-    if paged_kv.cluster_size(page_size, -(-h_q * s_q // 64), multicast) > 1:
+    if paged_kv.cluster_size(page_size, -(-h_q * s_q // 64), multicast and split_cluster == 1) > 1:
         need.append("UTMALDG_MULTICAST")
     else:
         forbid.append("UTMALDG_MULTICAST")
+    if split_cluster > 1:
+        need += ["CLUSTER_BAR", "LD_DSMEM"]
+    else:
+        forbid.append("LD_DSMEM")
     return tuple(need), tuple(forbid)
 
 
@@ -112,14 +126,15 @@ def targets(variants: list[str]) -> list[Target]:
     out = []
     for v in variants:
         p = PROMISES[v]
-        for dtype, h_q, s_q, causal, page, multicast in DECODE_CONFIGS:
-            need, forbid = loader_promises(page, h_q, s_q, multicast)
+        for dtype, h_q, s_q, causal, page, multicast, *split in DECODE_CONFIGS:
+            split_cluster = split[0] if split else 1
+            need, forbid = loader_promises(page, h_q, s_q, multicast, split_cluster)
             name = (f"{v} {'bf16' if dtype == 'bfloat16' else 'fp16'} h{h_q} s_q{s_q}{' causal' if causal else ''} "
-                    f"p{page}{'' if multicast else ' mc-off'}")
+                    f"p{page}{'' if multicast else ' mc-off'}{f' split{split_cluster}' if split_cluster > 1 else ''}")
             out.append(Target(name, "decode", v, dtype, h_q, s_q, causal,
                               need=tuple(dict.fromkeys(p["need"] + need)),
                               forbid=tuple(dict.fromkeys(p["forbid"] + forbid)), page_size=page, multicast=multicast,
-                              registers=p.get("registers")))
+                              split_cluster=split_cluster, registers=p.get("registers")))
     out.append(Target("merge bf16 h128 s_q1", "merge", None, "bfloat16", 128, 1, False, need=()))
     # The planner: one CTA of scalar code; its walk must stay in registers.
     out.append(Target("planner", "planner", None, "int32", 0, 0, False, need=()))
@@ -167,7 +182,7 @@ def compile_target(t: Target, dump_dir: str):
         # The host entry the API calls (decode + merge kernels, TVM-FFI), so the SASS checked is the
         # SASS that runs; its cubin holds both kernels.
         config = launch.DecodeConfig.make(t.variant, t.dtype, t.h_q, t.s_q, t.page_size, t.causal,
-                                          multicast=t.multicast)
+                                          multicast=t.multicast, split_cluster=t.split_cluster)
         fn = launch.compile_entry(config, options=options)
     elif t.kind == "merge":
         fn = launch.compile_merge(t.dtype, t.h_q, t.s_q, options=options)

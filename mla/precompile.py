@@ -125,11 +125,10 @@ def plan_configs(args: argparse.Namespace) -> tuple[list, list[str]]:
 
 def split_clusters() -> tuple[int, ...]:
     """The split-cluster sizes a configuration may run with under ``MLA_SPLIT_CLUSTER`` (read now): 1
-    (no cluster: larger batches) and, unless the setting turns it off, the size small batches use."""
+    (always: plans without room for a group, or the setting off) and the setting's size."""
     from split_k import planner
 
-    setting = planner.split_cluster_setting()
-    size = planner.AUTO_SPLIT_CLUSTER if setting == "auto" else int(setting)
+    size = planner.split_cluster_setting()
     return (1,) if size == 1 else (1, size)
 
 

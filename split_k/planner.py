@@ -97,23 +97,21 @@ def num_sm_parts(num_sms: int, rows_per_kv: int, h_kv: int) -> int:
 
 
 SPLIT_CLUSTER_ENV_VAR = "MLA_SPLIT_CLUSTER"
-"""``MLA_SPLIT_CLUSTER``: ``auto`` (unset: the default rule of ``split_cluster``), ``0``/``1`` (off), or
-2, 4, 8 (that cluster size wherever the plan has room for one group)."""
+"""``MLA_SPLIT_CLUSTER``: unset, ``0``, ``1`` or ``off``: no split clusters (the default); 2, 4 or 8:
+split clusters of that size wherever the plan has room for one group (``split_cluster``)."""
 SPLIT_CLUSTER_SIZES = (2, 4, 8)
-AUTO_SPLIT_CLUSTER = 8
-"""The cluster size ``auto`` uses: the largest portable one (15 groups of 8 on 132 SMs)."""
 
 
-def split_cluster_setting(value: str | None = None) -> str:
-    """The ``MLA_SPLIT_CLUSTER`` setting (``value``, else the environment), checked: ``"auto"``,
-    ``"1"`` (off) or a size in ``SPLIT_CLUSTER_SIZES``. Raises ``ValueError`` naming the variable."""
+def split_cluster_setting(value: str | None = None) -> int:
+    """The ``MLA_SPLIT_CLUSTER`` setting (``value``, else the environment) as a cluster size, 1 for
+    off. Raises ``ValueError`` naming the variable for anything else."""
     raw = os.environ.get(SPLIT_CLUSTER_ENV_VAR) if value is None else value
-    text = "auto" if raw is None or raw.strip() == "" else raw.strip().lower()
+    text = "1" if raw is None or raw.strip() == "" else raw.strip().lower()
     if text in ("0", "1", "off"):
-        return "1"
-    if text == "auto" or text in tuple(str(c) for c in SPLIT_CLUSTER_SIZES):
-        return text
-    raise ValueError(f"{SPLIT_CLUSTER_ENV_VAR} must be auto, 0, 1 or one of {SPLIT_CLUSTER_SIZES}, got {raw!r}")
+        return 1
+    if text in tuple(str(c) for c in SPLIT_CLUSTER_SIZES):
+        return int(text)
+    raise ValueError(f"{SPLIT_CLUSTER_ENV_VAR} must be 0, 1, off or one of {SPLIT_CLUSTER_SIZES}, got {raw!r}")
 
 
 def split_cluster(batch_size: int, num_parts: int, setting: str | None = None) -> int:
@@ -121,22 +119,16 @@ def split_cluster(batch_size: int, num_parts: int, setting: str | None = None) -
 
     A split cluster lets ``c`` CTAs share every chunk of the plan (tile by tile) and combine their
     partial outputs in distributed shared memory, so a request split over ``c`` CTAs needs no global
-    partials and no merge (docs/interfaces.md, "Split clusters"). It pays where the plain plan splits
-    every request many ways, i.e. small batches: ``auto`` takes clusters of ``AUTO_SPLIT_CLUSTER``
-    when there are at least ``2 * c`` parts per request. The plan and the launch both call this with
-    the same ``(batch_size, num_parts)`` (num_parts = tile_scheduler_metadata.shape[0]), so they agree
-    as long as ``MLA_SPLIT_CLUSTER`` does not change between planning and the decode call.
+    partials and no merge (docs/interfaces.md, "Split clusters"). Off unless ``MLA_SPLIT_CLUSTER``
+    asks for it: on an H200 it was faster than the plain plan on 15 of 54 batch/heads/length points
+    and slower on most (docs/perf-notes.md), so no shape gets it by default. The plan and the launch
+    both call this with the same ``(batch_size, num_parts)`` (num_parts =
+    tile_scheduler_metadata.shape[0]), so they agree as long as ``MLA_SPLIT_CLUSTER`` does not change
+    between planning and the decode call. ``batch_size`` is part of the signature for a rule that
+    depends on it.
     """
-    text = split_cluster_setting(setting)
-    if text == "1":
-        return 1
-    if text == "auto":
-        c = AUTO_SPLIT_CLUSTER
-        if batch_size * 2 * c > num_parts:
-            return 1
-    else:
-        c = int(text)
-    return c if split_groups(num_parts, c) >= 1 else 1
+    c = split_cluster_setting(setting)
+    return c if c > 1 and split_groups(num_parts, c) >= 1 else 1
 
 
 def split_groups(num_parts, cluster: int):

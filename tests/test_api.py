@@ -511,3 +511,33 @@ def test_kernel_alignment_is_checked():
         validate.check_kernel_alignment("k_cache", base.view(-1)[1:1 + 64 * 576].view(1, 64, 1, 576), 8)
     with pytest.raises(ValueError, match="q strides must be multiples of 8"):
         validate.check_kernel_alignment("q", torch.zeros(2, 1, 16, 580, dtype=torch.bfloat16)[..., :576], 8)
+
+
+@pytest.mark.parametrize("cluster", ["4", "8"])
+def test_split_cluster_plan_reaches_the_kernel(fake_kernel, monkeypatch, cluster):
+    """MLA_SPLIT_CLUSTER: get_mla_metadata plans for the split cluster and the decode call launches the
+    kernel built for it (the fake executes the plan in units of `cluster` tiles)."""
+    monkeypatch.setenv("MLA_SPLIT_CLUSTER", cluster)
+    prob = problem(seqlens=(700, 0, 2, 1500), s_q=2, h_q=16)
+    meta, splits = mla.get_mla_metadata(prob.cache_seqlens, 32, 1, num_sms=NUM_SMS)
+    parts = planner.num_sm_parts(NUM_SMS, 32, 1)
+    want_meta, want_splits = planner.plan_clustered([700, 0, 2, 1500], parts, int(cluster))
+    assert torch.equal(meta, want_meta) and torch.equal(splits, want_splits)
+    out, lse = mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512, meta,
+                                          splits, causal=True)
+    ref_out, ref_lse = mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, causal=True)
+    torch.testing.assert_close(out.float(), ref_out, atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse, ref_lse)
+    assert fake_kernel.split_clusters == [int(cluster)]
+    dec = mla.MLADecoder(num_sms=NUM_SMS)
+    dec.plan(prob.cache_seqlens, num_heads_q=16, seq_len_q=2, causal=True)
+    assert torch.equal(dec.tile_scheduler_metadata, want_meta)
+    out2, _ = dec.run(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens)
+    assert torch.equal(out2, out) and fake_kernel.split_clusters[-1] == int(cluster)
+
+
+def test_split_cluster_env_var_is_checked(fake_kernel, monkeypatch):
+    monkeypatch.setenv("MLA_SPLIT_CLUSTER", "3")
+    prob = problem()
+    with pytest.raises(ValueError, match="MLA_SPLIT_CLUSTER must be"):
+        mla.get_mla_metadata(prob.cache_seqlens, 16, 1, num_sms=NUM_SMS)

@@ -80,16 +80,17 @@ def test_gpu_check_pages_and_cases_on_a_fake_gpu(fake_kernel, monkeypatch, capsy
     monkeypatch.setattr(cli.api, "get_mla_metadata", lambda *a: plan(*a, num_sms=132))
     assert cli.gpu_check((1, 64)) is True
     out = capsys.readouterr().out
-    assert out.count("PASS") == 2 * len(cli.GPU_CHECK_CASES) and "FAIL" not in out
+    assert out.count("PASS") == 2 * len(cli.GPU_CHECK_CASES) * len(cli.GPU_CHECK_SPLIT_CLUSTERS) and "FAIL" not in out
     assert "2wg (page 1 cp.async, s_q 1, h_q 128" in out and "2wg (page 64 TMA, cluster 2, s_q 1, h_q 128" in out
+    assert "2wg (page 64 TMA, split cluster 8, s_q 1, h_q 128" in out  # a split cluster: no multicast one
     monkeypatch.setenv("MLA_MULTICAST", "0")
     cli.gpu_check((64,))
-    assert "cluster" not in capsys.readouterr().out
+    assert ", cluster" not in capsys.readouterr().out
     monkeypatch.delenv("MLA_MULTICAST")
     real_launcher = cli.pipelines.decode_launcher
 
-    def wrong_launcher(*config):
-        launch = real_launcher(*config)
+    def wrong_launcher(*config, **kw):
+        launch = real_launcher(*config, **kw)
 
         def wrong(*args):
             launch(*args)

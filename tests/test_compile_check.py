@@ -45,6 +45,12 @@ def test_variant_compiles_with_its_promises(variant, capsys):
     assert multicast_rows and all(count(r, "UTMALDG_MULTICAST") > 0 for r in multicast_rows), out
     gather_rows = [r for r in rows if " p1 " in r]
     assert gather_rows and all(count(r, "LDGSTS") > 0 for r in gather_rows), out
+    # Split clusters: cluster barriers and 16-byte distributed-shared-memory reads; nothing else
+    # reads distributed shared memory.
+    split_rows = [r for r in rows if " split" in r]
+    assert len(split_rows) == 2 and all(count(r, "CLUSTER_BAR") > 0 and count(r, "LD_DSMEM") > 0
+                                        for r in split_rows), out
+    assert all(count(r, "LD_DSMEM") == 0 for r in rows if " split" not in r), out
     # 3wg resizes its warpgroups' registers (one decrease, one increase per consumer warpgroup) from
     # exactly the 168 per thread its budgets are made for; 2wg has no producer warpgroup.
     assert all((count(r, "USETMAXREG") > 0) == (variant == "3wg") for r in rows), out
@@ -70,14 +76,17 @@ def test_every_variant_with_a_kernel_has_promises():
 
 def test_loader_promises():
     # What a configuration must show follows from its page size and cluster.
-    assert compile_check.loader_promises(64, 128, 1, True) == (("UTMALDG", "UTMALDG_MULTICAST"), ("LDGSTS",))
-    assert compile_check.loader_promises(64, 128, 1, False) == (("UTMALDG",), ("LDGSTS", "UTMALDG_MULTICAST"))
-    assert compile_check.loader_promises(16, 64, 1, True) == (("UTMALDG",), ("LDGSTS", "UTMALDG_MULTICAST"))
-    assert compile_check.loader_promises(128, 64, 4, True) == (("UTMALDG", "UTMALDG_MULTICAST"), ("LDGSTS",))
-    assert compile_check.loader_promises(64, 64, 3, True) == (("UTMALDG",), ("LDGSTS", "UTMALDG_MULTICAST"))
-    assert compile_check.loader_promises(1, 128, 1, True) == (("LDGSTS",), ("UTMALDG_MULTICAST",))
-    assert compile_check.loader_promises(8, 16, 1, True) == (("LDGSTS",), ("UTMALDG_MULTICAST",))
+    assert compile_check.loader_promises(64, 128, 1, True) == (("UTMALDG", "UTMALDG_MULTICAST"), ("LDGSTS", "LD_DSMEM"))
+    assert compile_check.loader_promises(64, 128, 1, False) == (("UTMALDG",), ("LDGSTS", "UTMALDG_MULTICAST", "LD_DSMEM"))
+    assert compile_check.loader_promises(16, 64, 1, True) == (("UTMALDG",), ("LDGSTS", "UTMALDG_MULTICAST", "LD_DSMEM"))
+    assert compile_check.loader_promises(128, 64, 4, True) == (("UTMALDG", "UTMALDG_MULTICAST"), ("LDGSTS", "LD_DSMEM"))
+    assert compile_check.loader_promises(64, 64, 3, True) == (("UTMALDG",), ("LDGSTS", "UTMALDG_MULTICAST", "LD_DSMEM"))
+    assert compile_check.loader_promises(1, 128, 1, True) == (("LDGSTS",), ("UTMALDG_MULTICAST", "LD_DSMEM"))
+    assert compile_check.loader_promises(8, 16, 1, True) == (("LDGSTS",), ("UTMALDG_MULTICAST", "LD_DSMEM"))
+    # A split cluster: no multicast (even at 128 rows), cluster barriers and DSMEM reads.
+    assert compile_check.loader_promises(64, 128, 1, True, 8) == (
+        ("UTMALDG", "CLUSTER_BAR", "LD_DSMEM"), ("LDGSTS", "UTMALDG_MULTICAST"))
     names = [t.name for t in compile_check.targets(["2wg"])]
     assert any(" p1" in n for n in names) and any("mc-off" in n for n in names)
-    (gather,) = [t for t in compile_check.targets(["2wg"]) if t.page_size == 1]
+    (gather,) = [t for t in compile_check.targets(["2wg"]) if t.page_size == 1 and t.split_cluster == 1]
     assert "LDGSTS" in gather.need and "UTMALDG" in gather.need and "UTMALDG_MULTICAST" in gather.forbid

@@ -224,3 +224,61 @@ def test_partial_dtype_error_report():
         print(f"\npartials {partial}: max abs err {err.max().item():.3e}, mean abs err {err.mean().item():.3e}")
         cmp = compare_to_reference(out, lse, ref_out, ref_lse)
         assert cmp.ok, cmp.message
+
+
+# Split clusters (MLA_SPLIT_CLUSTER): the CTAs of a group share each chunk tile by tile and combine
+# their partials through distributed shared memory. Cases: single requests split over 1 group or
+# several (then the global merge too), varlen with zeros (ranks with no tile), odd h_q, causal MTP,
+# 2 and 8 m-blocks, h_kv 2; every page loader.
+SPLIT_CLUSTER_CASES = [
+    ([1024], 1, 16, 1, False, torch.bfloat16),
+    ([16384], 1, 128, 1, False, torch.bfloat16),
+    ([20, 140, 4096, 0, 1, 63, 65, 17], 1, 16, 1, False, torch.bfloat16),
+    ([140, 33, 2], 2, 3, 1, True, torch.float16),
+    ([3000, 700], 4, 64, 1, True, torch.bfloat16),
+    ([900, 5000], 2, 64, 2, True, torch.bfloat16),
+    ([141, 20, 7], 4, 128, 1, True, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("cluster", ["4", "8"])
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("case", SPLIT_CLUSTER_CASES,
+                         ids=lambda c: f"b{len(c[0])}-sq{c[1]}-h{c[2]}-hkv{c[3]}-max{max(c[0])}")
+def test_split_clusters_match_reference(variant, cluster, page_size, case, monkeypatch):
+    from split_k.planner import SPLIT_CLUSTER_ENV_VAR
+
+    monkeypatch.setenv(SPLIT_CLUSTER_ENV_VAR, cluster)
+    seqlens, s_q, h_q, h_kv, causal, dtype = case
+    _check_decode(variant, seqlens, s_q, h_q, causal, dtype, page_size, h_kv=h_kv, seed=int(cluster) + h_q)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_split_cluster_graph_replay_and_partials(variant, monkeypatch):
+    """A split-cluster decoder captured in a CUDA graph gives the eager result after the lengths and
+    the query change in place, with 16-bit partials for the groups' merge."""
+    import mla
+    from mla.reference import compare_to_reference, mla_decode_reference
+    from split_k.planner import SPLIT_CLUSTER_ENV_VAR
+
+    monkeypatch.setenv(SPLIT_CLUSTER_ENV_VAR, "8")
+    q, k_cache, block_table, cache_seqlens = make_paged_case([5000, 300], 1, 64, seed=5)
+    dec = mla.MLADecoder(pipeline=variant, partial_dtype="input")
+    dec.plan(cache_seqlens, num_heads_q=64, seq_len_q=1, page_size=64, dtype=q.dtype)
+    out = torch.empty(2, 1, 64, 512, dtype=q.dtype, device="cuda")
+    dec.run(q, k_cache, block_table, cache_seqlens, out=out)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=stream):
+        dec.plan(cache_seqlens, num_heads_q=64, seq_len_q=1, page_size=64, dtype=q.dtype)
+        dec.run(q, k_cache, block_table, cache_seqlens, out=out)
+    cache_seqlens.copy_(torch.tensor([4000, 250], dtype=torch.int32))  # within each request's pages
+    q.copy_((torch.randn_like(q, dtype=torch.float32) / 10).to(q.dtype))
+    out.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, cache_seqlens)
+    cmp = compare_to_reference(out, dec._lse, ref_out, ref_lse)
+    assert cmp.ok, cmp.message

@@ -21,10 +21,10 @@ def configs(argv):
 
 def test_every_combination_once_causal_only_where_it_exists(monkeypatch):
     monkeypatch.delenv("MLA_MULTICAST", raising=False)
-    # Split clusters (the last field): the default adds the size small batches use beside 1.
-    monkeypatch.delenv("MLA_SPLIT_CLUSTER", raising=False)
+    # Split clusters (the last field): off by default; MLA_SPLIT_CLUSTER=c adds size c beside 1.
+    monkeypatch.setenv("MLA_SPLIT_CLUSTER", "8")
     assert [c[-1] for c in configs(["--heads-q", "16", "--page-size", "64", "--pipeline", "2wg"])[0]] == [1, 8]
-    monkeypatch.setenv("MLA_SPLIT_CLUSTER", "1")
+    monkeypatch.delenv("MLA_SPLIT_CLUSTER", raising=False)
     found, skipped = configs(["--dtype", "bf16", "fp16", "bfloat16", "--heads-q", "128", "16", "--seqlen-q", "1", "2",
                               "--page-size", "64", "--pipeline", "2wg"])
     assert skipped == []
