@@ -242,7 +242,7 @@ SPLIT_CLUSTER_CASES = [
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("cluster", ["4", "8"])
+@pytest.mark.parametrize("cluster", ["4", "8"], ids=lambda c: f"c{c}")
 @pytest.mark.parametrize("page_size", [1, 16, 64])
 @pytest.mark.parametrize("case", SPLIT_CLUSTER_CASES,
                          ids=lambda c: f"b{len(c[0])}-sq{c[1]}-h{c[2]}-hkv{c[3]}-max{max(c[0])}")
