@@ -120,8 +120,8 @@ def split_cluster(batch_size: int, num_parts: int, setting: str | None = None) -
     A split cluster lets ``c`` CTAs share every chunk of the plan (tile by tile) and combine their
     partial outputs in distributed shared memory, so a request split over ``c`` CTAs needs no global
     partials and no merge (docs/interfaces.md, "Split clusters"). Off unless ``MLA_SPLIT_CLUSTER``
-    asks for it: on an H200 it was faster than the plain plan on 15 of 54 batch/heads/length points
-    and slower on most (docs/perf-notes.md), so no shape gets it by default. The plan and the launch
+    asks for it: on an H200 it was faster than the plain plan by more than 3% on 12 of 54
+    batch/heads/length points and slower on 37 (docs/perf-notes.md), so no shape gets it by default. The plan and the launch
     both call this with the same ``(batch_size, num_parts)`` (num_parts =
     tile_scheduler_metadata.shape[0]), so they agree as long as ``MLA_SPLIT_CLUSTER`` does not change
     between planning and the decode call. ``batch_size`` is part of the signature for a rule that
