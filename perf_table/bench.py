@@ -67,7 +67,8 @@ def make_inputs(cfg: Config, device="cuda", seed: int = 0) -> Inputs:
     k_cache = _uniformish(torch, (total_pages, cfg.page_size, 1, HEAD_DIM), gen, device, dtype)
     perm = torch.randperm(total_pages, generator=gen, device=device).to(torch.int32)
     pages_t = torch.tensor(pages, device=device)
-    max_pages = max(max(pages), 1)
+    max_pages = cfg.max_pages()  # = max(pages): the block table fits the longest request (Config.kv_capacity)
+    assert max_pages == max(max(pages), 1)
     used = torch.arange(max_pages, device=device)[None, :] < pages_t[:, None]
     block_table = torch.zeros(cfg.b, max_pages, dtype=torch.int32, device=device)
     # Boolean-mask assignment fills in row-major order: request r gets the next pages[r] ids.

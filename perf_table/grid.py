@@ -76,6 +76,17 @@ class Config:
         mcast = {None: "", True: " mc-on", False: " mc-off"}[self.multicast]
         return f"p{self.page_size} b{self.b} s{self.s_q} h{self.h_q} {length}{mcast}"
 
+    def max_pages(self) -> int:
+        """Columns of the config's block table (``bench.make_inputs``): the longest request's pages
+        (at least 1)."""
+        return max(-(-max(self.seqlens()) // self.page_size), 1)
+
+    def kv_capacity(self) -> int:
+        """``block_table.shape[1] * page_size``: the KV-length proxy ``pipeline="auto"`` keys on
+        (``pipelines.auto``). The block table is sized to the batch's longest request, so it is seqlen
+        rounded up to the page for uniform lengths, the longest drawn length for varlen."""
+        return self.max_pages() * self.page_size
+
     def seqlens(self) -> list[int]:
         """The per-request KV lengths: all ``seqlen``, or the seeded varlen draw."""
         if not self.varlen:

@@ -1,27 +1,42 @@
 """``pipeline="auto"``: which variant runs a shape, decided from one measured perf run.
 
-Status: the table mechanism only. ``mla`` does not consult it yet (``pipeline="auto"`` means
-``MLA_PIPELINE`` or ``"2wg"``); it will once a same-run 2wg/3wg full grid fills the table.
+``mla`` resolves ``pipeline="auto"`` to ``MLA_PIPELINE`` when that is set to a variant, else to
+``choose(...)`` for the call's shape among the available variants that serve its page size.
 
-The choice may use only what is known on the host without a sync: the page size, the query rows per
-kv head (``h_q * s_q / h_kv``: the m-blocks per request, and with them how compute-heavy a KV tile
-is) and the batch size (with the rows, how many CTAs the split plan makes per request). KV lengths
-live on the device, so they are not part of the key.
+Key (``shape_key``): only what the host knows without a device sync: the page size, s_q, h_q,
+h_kv, the batch size and, as the KV-length proxy, the block table's capacity
+``block_table.shape[1] * page_size`` (the longest sequence the call can address; the lengths
+themselves live on the device). Engines that size the block table to the batch's longest request
+give auto the true length (rounded up to the page); engines that pass a fixed max-context width
+(e.g. 128K tokens) get the choice measured for the longest contexts of the run, whatever their
+requests' real lengths. ``python -m perf_table run`` sizes every block table to its batch's
+longest request (``perf_table.grid.Config.kv_capacity``): uniform configs have capacity =
+seqlen, varlen ones the longest drawn length rounded up to the page.
 
 Derivation (``derive``), from ONE run file of ``python -m perf_table run`` (pipelines measured in the
 same run, on the same machine, back to back, are comparable; rows of different runs are not):
 1. Rows that the library runs by default: no error, ``multicast`` None or True (the ``mc-off`` rows
-   are the A/B of a switch, not the default path).
-2. Configs measured by at least two pipelines are grouped by key ``(page_size, rows, b)``; each
-   pipeline's time on a key is the geometric mean of its times on the group's configs.
+   are the A/B of a switch, not the default path), and not the run's own ``auto`` rows.
+2. Configs measured by at least two pipelines are grouped by key; each pipeline's time on a key is
+   the geometric mean of its times on the group's configs (with the full grid every config has a
+   key of its own, so this is the config's time).
 3. The key's entry is the pipeline with the lower geomean; within ``TIE`` of ``DEFAULT`` the entry is
    ``DEFAULT`` (no switching on noise).
 A run that measured one pipeline only gives an empty table: every shape gets ``DEFAULT``.
 
-Lookup (``choose``): the entry of the nearest measured key among the candidate pipelines. Nearest:
-same loader (TMA pages or cp.async gather pages, ``pipelines.paged_kv``) first, then the smallest
-|log2| distance in page size, then in rows, then in batch. No entry (or a winner that is not a
-candidate): ``DEFAULT``.
+Lookup (``choose``): the entry of the nearest measured key. Nearest: same loader (TMA pages or
+cp.async gather pages, ``pipelines.paged_kv``) only, then lexicographically the smallest |log2|
+distance in page size, then in batch x h_kv (a kv head's CTAs walk the whole batch, so h_kv kv
+heads of b requests make about the CTA work of b * h_kv requests of one kv head), then s_q, then
+query heads per kv head, then block-table capacity, then h_kv; of equally near keys the first in
+the table (sorted by key) wins. This order predicted held-out shapes of the 083cd93 run best
+(leaving out every length of one (page, b, s_q, h_q): 19 of 372 configs got a pipeline more than
+2% slower, against 27 with s_q and heads before batch and 23 for 2wg everywhere); capacity comes
+last because the winner changes least along it. The grid measures h_kv 1 only, so h_kv's place is
+a guess. No entry, or a winner that is not among the candidates: ``DEFAULT`` if it is a
+candidate, else the first candidate.
+``choices`` lists every variant ``choose`` can return for a shape when the batch size and/or the
+capacity are left open (what ``MLADecoder.plan`` and ``mla.precompile --pipeline auto`` load).
 
 Regenerate the committed table (``pipelines/auto_table.py``) after a full-grid run that holds both
 pipelines, and read the report it prints (every row where the choice is more than ``SLOWER`` slower
@@ -30,11 +45,15 @@ than the run's fastest pipeline for that config)::
     python -m pipelines.auto perf_table/results/<device>_<date>_<commit>.json
 
 ``python -m pipelines.auto --check`` re-derives the table from the run it names and fails if the
-committed file differs (the CPU tests do the same).
+committed file differs (the CPU tests do the same). ``python -m pipelines.auto --verify RUN_FILE``
+reads a run that also measured ``auto`` rows (``python -m perf_table run`` with both pipelines) and
+prints, per config, auto's time against the faster variant's; exit 1 if any is more than ``SLOWER``
+slower.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import math
 import pathlib
@@ -42,23 +61,45 @@ import sys
 from collections.abc import Sequence
 
 DEFAULT = "2wg"
+AUTO = "auto"  # the pipeline name of a run's auto rows
 TIE = 0.01  # a winner must be more than 1% faster (geomean over the key's configs) than DEFAULT
 SLOWER = 0.02  # the report flags rows where the choice is more than 2% slower than the fastest
 GATHER_PAGES = (1, 2, 4, 8)  # pipelines.paged_kv.GATHER_PAGE_SIZES (not imported: it imports the DSL)
+KEY_FIELDS = ("page_size", "s_q", "h_q", "h_kv", "batch", "kv_capacity")
 
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 TABLE_FILE = PACKAGE_DIR / "auto_table.py"
 REPO_DIR = PACKAGE_DIR.parent
 
 
-def shape_key(page_size: int, rows: int, batch: int) -> tuple[int, int, int]:
-    """The key of a decode shape: (page size, query rows per kv head, batch size)."""
-    return (int(page_size), int(rows), int(batch))
+def kv_capacity(max_pages: int, page_size: int) -> int:
+    """The KV-length proxy of a call: the tokens its block table can address."""
+    return int(max_pages) * int(page_size)
 
 
-def _row_key(row: dict) -> tuple[int, int, int]:
-    # The perf grid runs one kv head, so the rows per kv head are h_q * s_q.
-    return shape_key(row["page_size"], row["h_q"] * row["s_q"] // row.get("h_kv", 1), row["b"])
+def shape_key(page_size: int, s_q: int, h_q: int, h_kv: int, batch: int, kv_capacity: int) -> tuple[int, ...]:
+    """The key of a decode shape: (page size, s_q, h_q, h_kv, batch size, block-table capacity)."""
+    return (int(page_size), int(s_q), int(h_q), int(h_kv), int(batch), int(kv_capacity))
+
+
+def row_kv_capacity(row: dict) -> int:
+    """The block-table capacity a perf row was measured with: its ``kv_capacity`` field, or for rows of
+    runs made before the field existed, recomputed as the runner sizes the block table (the longest
+    request's pages; varlen lengths redrawn with ``perf_table.grid``, the runner's own definition)."""
+    if row.get("kv_capacity") is not None:
+        return int(row["kv_capacity"])
+    page = row["page_size"]
+    if row["varlen"]:
+        from perf_table.grid import varlen_lengths  # CLI / test path only: pure Python + numpy
+
+        longest = max(varlen_lengths(row["b"], row["seqlen"]))
+    else:
+        longest = row["seqlen"]
+    return max(-(-longest // page), 1) * page
+
+
+def _row_key(row: dict) -> tuple[int, ...]:
+    return shape_key(row["page_size"], row["s_q"], row["h_q"], row.get("h_kv", 1), row["b"], row_kv_capacity(row))
 
 
 def _config(row: dict) -> tuple:
@@ -66,13 +107,17 @@ def _config(row: dict) -> tuple:
             row["varlen"], row.get("multicast"))
 
 
+def _default_path(row: dict) -> bool:
+    return row.get("error") is None and row.get("us") is not None and row.get("multicast") is not False
+
+
 def default_path_times(run: dict) -> dict[tuple, dict[str, float]]:
-    """{config: {pipeline: us}} of the run's rows on the library's default path (step 1)."""
+    """{config: {pipeline: us}} of the run's variant rows on the library's default path (step 1;
+    the run's ``auto`` rows are left out: they measure the choice, they do not inform it)."""
     times: dict[tuple, dict[str, float]] = {}
     for row in run["rows"]:
-        if row.get("error") is not None or row.get("us") is None or row.get("multicast") is False:
-            continue
-        times.setdefault(_config(row), {})[row["pipeline"]] = float(row["us"])
+        if _default_path(row) and row["pipeline"] != AUTO:
+            times.setdefault(_config(row), {})[row["pipeline"]] = float(row["us"])
     return times
 
 
@@ -81,8 +126,9 @@ def _geomean(values: Sequence[float]) -> float:
 
 
 def derive(run: dict) -> list[dict]:
-    """The table's entries from one run: ``{"key": [page, rows, b], "pipeline": name, "geomean_us":
-    {pipeline: us}, "configs": n}``, sorted by key (steps 2 and 3 of the module docstring)."""
+    """The table's entries from one run: ``{"key": [page, s_q, h_q, h_kv, b, kv_capacity], "pipeline":
+    name, "geomean_us": {pipeline: us}, "configs": n}``, sorted by key (steps 2 and 3 of the module
+    docstring)."""
     groups: dict[tuple, list[dict[str, float]]] = {}
     rows_by_config = {_config(r): r for r in run["rows"]}
     for config, by_pipeline in default_path_times(run).items():
@@ -103,29 +149,114 @@ def derive(run: dict) -> list[dict]:
     return entries
 
 
-def _log2_distance(a: int, b: int) -> float:
-    return abs(math.log2(a) - math.log2(b))
+# ------------------------------------------------------------------------------------------ lookup
+
+def _coords(page_size, s_q, h_q, h_kv, batch, capacity) -> tuple[bool, tuple]:
+    """(gather loader?, the log2 coordinates in distance order: page, batch x h_kv, s_q, heads per kv
+    head, capacity, h_kv). A capacity of None (unknown) is None: no distance in that coordinate."""
+    lg = math.log2
+    return (page_size in GATHER_PAGES,
+            (lg(page_size), lg(batch * h_kv), lg(s_q), lg(h_q / h_kv), None if capacity is None else lg(capacity),
+             lg(h_kv)))
 
 
-def choose(page_size: int, rows: int, batch: int, candidates: Sequence[str], entries: Sequence[dict] | None = None
-           ) -> str:
-    """The pipeline for a shape: the nearest measured key's entry, if it is one of ``candidates``
-    (the available pipelines that serve ``page_size``); else ``DEFAULT``."""
-    if entries is None:
-        entries = load_entries()
-    gather = page_size in GATHER_PAGES
+_CAPACITY = 4  # index of the capacity in the coordinates
+_BATCH = 1
+
+
+def _prepare(entries: Sequence[dict]) -> list[tuple[bool, tuple, str]]:
+    return [(*_coords(*e["key"]), e["pipeline"]) for e in entries]
+
+
+_prepared_cache: list = [None, None]  # [entries object, its prepared form]: slower_rows reuses one table
+
+
+def _prepared(entries: Sequence[dict]) -> list[tuple[bool, tuple, str]]:
+    if _prepared_cache[0] is not entries:
+        _prepared_cache[:] = [entries, _prepare(entries)]
+    return _prepared_cache[1]
+
+
+def _nearest(prepared, gather: bool, coords: tuple) -> str | None:
     best, best_distance = None, None
-    for entry in entries:
-        page, key_rows, key_batch = entry["key"]
-        if (page in GATHER_PAGES) != gather:
+    for e_gather, e_coords, pipeline in prepared:
+        if e_gather != gather:
             continue
-        distance = (_log2_distance(page, page_size), _log2_distance(key_rows, rows), _log2_distance(key_batch, batch))
-        if best_distance is None or distance < best_distance:
-            best, best_distance = entry, distance
-    if best is None or best["pipeline"] not in candidates:
-        return DEFAULT
-    return best["pipeline"]
+        distance = tuple(0.0 if q is None else abs(q - c) for q, c in zip(coords, e_coords))
+        if best_distance is None or distance < best_distance:  # strict: ties keep the earlier (smaller) key
+            best, best_distance = pipeline, distance
+    return best
 
+
+def _pick(winner: str | None, candidates: Sequence[str]) -> str:
+    if winner is not None and winner in candidates:
+        return winner
+    if DEFAULT in candidates or not candidates:
+        return DEFAULT
+    return candidates[0]
+
+
+def choose(page_size: int, s_q: int, h_q: int, h_kv: int, batch: int, kv_capacity: int | None,
+           candidates: Sequence[str], entries: Sequence[dict] | None = None) -> str:
+    """The pipeline for a shape: the nearest measured key's entry, if it is one of ``candidates``
+    (the available pipelines that serve ``page_size``); else ``DEFAULT`` if that is a candidate, else
+    the first candidate (``DEFAULT`` when there is none: the caller's kernel checks then say why).
+    ``kv_capacity``: ``block_table.shape[1] * page_size``; None (not known, e.g. a symbolic size
+    while tracing) leaves the capacity out of the distance. ``entries``: default the committed table
+    (lookups on it are cached)."""
+    if entries is None:
+        return _choose_committed(int(page_size), int(s_q), int(h_q), int(h_kv), int(batch),
+                                 None if kv_capacity is None else int(kv_capacity), tuple(candidates))
+    gather, coords = _coords(page_size, s_q, h_q, h_kv, batch, kv_capacity)
+    return _pick(_nearest(_prepared(entries), gather, coords), candidates)
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose_committed(page_size, s_q, h_q, h_kv, batch, capacity, candidates):
+    gather, coords = _coords(page_size, s_q, h_q, h_kv, batch, capacity)
+    return _pick(_nearest(_committed_prepared(), gather, coords), candidates)
+
+
+@functools.lru_cache(maxsize=1)
+def _committed_prepared():
+    return _prepare(load_entries())
+
+
+def choices(page_size: int, s_q: int, h_q: int, h_kv: int, candidates: Sequence[str], *, batch: int | None = None,
+            kv_capacity: int | None = None, entries: Sequence[dict] | None = None) -> tuple[str, ...]:
+    """Every pipeline ``choose`` can return for this shape when ``batch`` and/or ``kv_capacity`` are
+    left open (None: any value), in ``candidates`` order. With the lexicographic nearest-key rule it
+    is enough to try the open coordinates at each entry's own values (an entry chosen for some value
+    is also chosen at its own: its distance there is 0 in those coordinates and unchanged in the
+    others)."""
+    if entries is None:
+        return _choices_committed(int(page_size), int(s_q), int(h_q), int(h_kv), tuple(candidates),
+                                  None if batch is None else int(batch),
+                                  None if kv_capacity is None else int(kv_capacity))
+    return _choices(_prepared(entries), page_size, s_q, h_q, h_kv, tuple(candidates), batch, kv_capacity)
+
+
+@functools.lru_cache(maxsize=1024)
+def _choices_committed(page_size, s_q, h_q, h_kv, candidates, batch, capacity):
+    return _choices(_committed_prepared(), page_size, s_q, h_q, h_kv, candidates, batch, capacity)
+
+
+def _choices(prepared, page_size, s_q, h_q, h_kv, candidates, batch, capacity) -> tuple[str, ...]:
+    gather, coords = _coords(page_size, s_q, h_q, h_kv, 1 if batch is None else batch, capacity)
+    open_at = {(None if batch is not None else e_coords[_BATCH], None if capacity is not None else e_coords[_CAPACITY])
+               for e_gather, e_coords, _ in prepared if e_gather == gather}
+    found = set()
+    for at_batch, at_capacity in open_at or {(None, None)}:
+        query = list(coords)
+        if at_batch is not None:
+            query[_BATCH] = at_batch
+        if at_capacity is not None:
+            query[_CAPACITY] = at_capacity
+        found.add(_pick(_nearest(prepared, gather, tuple(query)), candidates))
+    return tuple(sorted(found, key=lambda p: (list(candidates).index(p) if p in candidates else len(candidates), p)))
+
+
+# ----------------------------------------------------------------------------------------- reports
 
 def slower_rows(run: dict, entries: Sequence[dict]) -> list[tuple[tuple, str, float, str, float]]:
     """(config, chosen pipeline, its us, fastest pipeline, its us) for every config measured by two or
@@ -135,14 +266,71 @@ def slower_rows(run: dict, entries: Sequence[dict]) -> list[tuple[tuple, str, fl
     for config, by_pipeline in sorted(default_path_times(run).items(), key=lambda kv: repr(kv[0])):
         if len(by_pipeline) < 2:
             continue
-        page, rows, batch = _row_key(rows_by_config[config])
-        chosen = choose(page, rows, batch, list(by_pipeline), entries)
+        chosen = choose(*_row_key(rows_by_config[config]), sorted(by_pipeline), entries)
         if chosen not in by_pipeline:
             continue
         fastest = min(by_pipeline, key=lambda p: (by_pipeline[p], p))
         if by_pipeline[chosen] > by_pipeline[fastest] * (1 + SLOWER):
             out.append((config, chosen, by_pipeline[chosen], fastest, by_pipeline[fastest]))
     return out
+
+
+def verify(run: dict) -> list[dict]:
+    """One line per default-path config of ``run`` that has an ``auto`` row and at least two variant
+    rows: ``{"config", "auto_us", "resolved", "fastest", "fastest_us", "ratio" (auto / fastest),
+    "resolved_ratio" (the resolved variant's own row / fastest, None if not measured), "slower"
+    (ratio > 1 + SLOWER)}``, in config order. ``resolved_ratio`` tells a wrong choice (above 1 +
+    SLOWER too) from the noise between two timings of the same kernel (within it)."""
+    times: dict[tuple, dict[str, float]] = {}
+    resolved: dict[tuple, str | None] = {}
+    for row in run["rows"]:
+        if _default_path(row):
+            times.setdefault(_config(row), {})[row["pipeline"]] = float(row["us"])
+            if row["pipeline"] == AUTO:
+                resolved[_config(row)] = row.get("resolved")
+    out = []
+    for config in sorted(times, key=repr):
+        by_pipeline = dict(times[config])
+        if AUTO not in by_pipeline:
+            continue
+        auto_us = by_pipeline.pop(AUTO)
+        if len(by_pipeline) < 2:
+            continue
+        fastest = min(by_pipeline, key=lambda p: (by_pipeline[p], p))
+        best = by_pipeline[fastest]
+        variant = resolved.get(config)
+        out.append({"config": config, "auto_us": auto_us, "resolved": variant, "fastest": fastest, "fastest_us": best,
+                    "ratio": auto_us / best,
+                    "resolved_ratio": by_pipeline[variant] / best if variant in by_pipeline else None,
+                    "slower": auto_us > best * (1 + SLOWER)})
+    return out
+
+
+def _config_label(config: tuple) -> str:
+    dtype, page, b, s_q, h_q, h_kv, seqlen, varlen, multicast = config
+    length = f"L~{seqlen} varlen" if varlen else f"L{seqlen}"
+    return f"{dtype} p{page} b{b} s{s_q} h{h_q}{f' hkv{h_kv}' if h_kv != 1 else ''} {length}"
+
+
+def print_verify(lines: list[dict], source: str) -> int:
+    """Print ``verify``'s lines; returns the exit code (1 if any is SLOWER or there is nothing to verify)."""
+    if not lines:
+        print(f"{source}: no config with an auto row and two variant rows (run python -m perf_table run with both "
+              f"pipelines)")
+        return 1
+    for line in lines:
+        own = "-" if line["resolved_ratio"] is None else f"x{line['resolved_ratio']:.3f}"
+        print(f"  {_config_label(line['config']):<34} auto ({line['resolved'] or '?'}) {line['auto_us']:9.1f} us  "
+              f"fastest {line['fastest']} {line['fastest_us']:9.1f} us  x{line['ratio']:.3f}  "
+              f"(its own row {own}){'  SLOWER' if line['slower'] else ''}")
+    slow = [line for line in lines if line["slower"]]
+    noise = [line for line in slow if line["resolved_ratio"] is not None and line["resolved_ratio"] <= 1 + SLOWER]
+    worst = max(lines, key=lambda line: line["ratio"])
+    print(f"{source}: {len(lines)} configs with auto and both variants; {len(lines) - len(slow)} within "
+          f"{SLOWER:.0%} of the faster variant, {len(slow)} SLOWER ({len(noise)} of them where the resolved variant's "
+          f"own row is within {SLOWER:.0%}: the two timings of one kernel differ, not the choice); worst "
+          f"x{worst['ratio']:.3f} ({_config_label(worst['config'])})")
+    return 1 if slow else 0
 
 
 def render(source: str, entries: Sequence[dict]) -> str:
@@ -155,8 +343,9 @@ def render(source: str, entries: Sequence[dict]) -> str:
         "",
         f"SOURCE = {source!r}",
         "",
-        "# key: [page_size, rows per kv head (h_q * s_q / h_kv), batch]; pipeline: the faster one there;",
-        "# geomean_us: each pipeline's geometric-mean time over the key's configs in SOURCE.",
+        "# key: [page_size, s_q, h_q, h_kv, batch, kv_capacity (block_table.shape[1] * page_size)];",
+        "# pipeline: the faster one there; geomean_us: each pipeline's geometric-mean time over the key's",
+        "# configs in SOURCE.",
         "ENTRIES = [",
     ]
     lines += [f"    {json.dumps(e, sort_keys=True)}," for e in entries]
@@ -171,21 +360,36 @@ def load_entries() -> list[dict]:
     return auto_table.ENTRIES
 
 
+def _read_run(path: str) -> tuple[str, dict]:
+    resolved = pathlib.Path(path).resolve()
+    try:
+        source = resolved.relative_to(REPO_DIR).as_posix()
+    except ValueError:
+        source = str(resolved)
+    return source, json.loads(resolved.read_text())
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.auto", description=__doc__.split("\n\n")[0])
     parser.add_argument("run", nargs="?", help="a run file of python -m perf_table run (path from the repo root)")
     parser.add_argument("--check", action="store_true",
                         help="re-derive from the committed table's SOURCE; exit 1 if the file differs")
+    parser.add_argument("--verify", metavar="RUN_FILE",
+                        help="a run holding auto rows: auto's time vs the faster variant's per config; exit 1 if "
+                             f"any is more than {SLOWER:.0%} slower")
     args = parser.parse_args(argv)
+    if args.verify:
+        source, run = _read_run(args.verify)
+        return print_verify(verify(run), source)
     if args.check:
         from pipelines import auto_table
 
         source = auto_table.SOURCE
+        run = json.loads((REPO_DIR / source).read_text())
     elif args.run:
-        source = pathlib.Path(args.run).resolve().relative_to(REPO_DIR).as_posix()
+        source, run = _read_run(args.run)
     else:
-        parser.error("give a run file, or --check")
-    run = json.loads((REPO_DIR / source).read_text())
+        parser.error("give a run file, --check or --verify RUN_FILE")
     entries = derive(run)
     text = render(source, entries)
     if args.check:
@@ -193,12 +397,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{TABLE_FILE.name}: {'up to date' if same else 'differs from a fresh derivation'} ({source})")
         return 0 if same else 1
     TABLE_FILE.write_text(text)
-    pipelines_measured = sorted({r["pipeline"] for r in run["rows"]})
+    pipelines_measured = sorted({r["pipeline"] for r in run["rows"]} - {AUTO})
+    by_winner = {p: sum(e["pipeline"] == p for e in entries) for p in sorted({e["pipeline"] for e in entries})}
     print(f"wrote {TABLE_FILE.relative_to(REPO_DIR)}: {len(entries)} keys from {source} "
-          f"(pipelines in the run: {', '.join(pipelines_measured)})")
+          f"(pipelines in the run: {', '.join(pipelines_measured)}; entries: "
+          + ", ".join(f"{p} {n}" for p, n in by_winner.items()) + ")")
     for e in entries:
-        print(f"  page {e['key'][0]:>3} rows {e['key'][1]:>3} b {e['key'][2]:>3}: {e['pipeline']}  "
-              + "  ".join(f"{p} {us:.1f} us" for p, us in sorted(e["geomean_us"].items())))
+        if e["pipeline"] != DEFAULT:
+            print("  " + " ".join(f"{name} {value}" for name, value in zip(KEY_FIELDS, e["key"]))
+                  + f": {e['pipeline']}  " + "  ".join(f"{p} {us:.1f} us" for p, us in sorted(e["geomean_us"].items())))
     slow = slower_rows(run, entries)
     print(f"rows where auto's choice is more than {SLOWER:.0%} slower than the fastest pipeline: {len(slow)}")
     for config, chosen, us, fastest, best_us in slow:

@@ -1,16 +1,22 @@
-"""CPU: ``pipeline="auto"`` (``pipelines.auto``): the table's derivation from a perf run, the lookup,
-the committed table against its source run, and the API's per-shape choice."""
+"""CPU: ``pipeline="auto"`` (``pipelines.auto``): the table's derivation from a perf run, the key, the
+lookup, the committed table against its source run, and the verify report of a run with auto rows.
+(The API's resolution through the table: tests/test_api.py, ``TestAutoResolution``.)"""
 from __future__ import annotations
+
+import json
 
 import pytest
 
 from pipelines import auto
 
 
-
-def row(pipeline, us, *, page=64, b=128, s_q=1, h_q=128, seqlen=4096, varlen=False, multicast=None, error=None):
-    return {"pipeline": pipeline, "us": us, "dtype": "bf16", "page_size": page, "b": b, "s_q": s_q, "h_q": h_q,
-            "seqlen": seqlen, "varlen": varlen, "multicast": multicast, "error": error}
+def row(pipeline, us, *, page=64, b=128, s_q=1, h_q=128, seqlen=4096, varlen=False, multicast=None, error=None,
+        resolved=None):
+    r = {"pipeline": pipeline, "us": us, "dtype": "bf16", "page_size": page, "b": b, "s_q": s_q, "h_q": h_q,
+         "seqlen": seqlen, "varlen": varlen, "multicast": multicast, "error": error}
+    if resolved is not None:
+        r["resolved"] = resolved
+    return r
 
 
 def run_of(*rows):
@@ -22,13 +28,14 @@ def test_one_pipeline_gives_an_empty_table():
 
 
 def test_winner_is_the_geomean_over_the_keys_configs():
-    # Key (64, 128, 128): 3wg wins on one length and loses on the other; geomean decides.
+    # seqlen 4090 and 4096 at page 64: one block-table capacity (4096), one key. 3wg wins on one
+    # and loses on the other; the geomean decides.
     r = run_of(row("2wg", 100.0), row("3wg", 80.0),
-               row("2wg", 10.0, seqlen=1024), row("3wg", 11.0, seqlen=1024),
-               # key (64, 16, 8): 2wg faster
+               row("2wg", 10.0, seqlen=4090), row("3wg", 11.0, seqlen=4090),
+               # key (64, 1, 16, 1, 8, 4096): 2wg faster
                row("2wg", 5.0, b=8, h_q=16), row("3wg", 6.0, b=8, h_q=16))
     entries = auto.derive(r)
-    assert [e["key"] for e in entries] == [[64, 16, 8], [64, 128, 128]]
+    assert [e["key"] for e in entries] == [[64, 1, 16, 1, 8, 4096], [64, 1, 128, 1, 128, 4096]]
     assert entries[0]["pipeline"] == "2wg" and entries[1]["pipeline"] == "3wg"
     assert entries[1]["configs"] == 2
     assert entries[1]["geomean_us"] == {"2wg": pytest.approx((100 * 10) ** 0.5, abs=1e-3),
@@ -42,51 +49,130 @@ def test_near_ties_stay_with_the_default():
     assert entries[0]["pipeline"] == "3wg"
 
 
-def test_off_default_path_and_failed_rows_are_ignored():
-    # mc-off rows are the A/B of a switch; failed rows have no time. Neither decides anything.
+def test_off_default_path_failed_and_auto_rows_are_ignored():
+    # mc-off rows are the A/B of a switch; failed rows have no time; auto rows measure the choice.
+    # None of them decides anything.
     r = run_of(row("2wg", 100.0, multicast=True), row("3wg", 200.0, multicast=True),
                row("2wg", 300.0, multicast=False), row("3wg", 50.0, multicast=False),
+               row("auto", 1.0, multicast=True, resolved="3wg"),
                row("2wg", 10.0, seqlen=1024), row("3wg", None, seqlen=1024, error="boom"))
     (entry,) = auto.derive(r)
-    assert entry["pipeline"] == "2wg" and entry["configs"] == 1
+    assert entry["pipeline"] == "2wg" and entry["configs"] == 1 and set(entry["geomean_us"]) == {"2wg", "3wg"}
+    assert auto.slower_rows(r, [entry]) == []
 
 
-def test_rows_key_is_rows_per_kv_head():
-    # h_q 64 at s_q 2 has the rows of h_q 128 at s_q 1: one key.
-    r = run_of(row("2wg", 100.0, s_q=2, h_q=64), row("3wg", 50.0, s_q=2, h_q=64))
-    assert auto.derive(r)[0]["key"] == [64, 128, 128]
+def test_key_is_page_s_q_h_q_h_kv_batch_and_block_table_capacity():
+    # s_q and h_q are separate coordinates: h_q 64 at s_q 2 is not h_q 128 at s_q 1.
+    r = run_of(row("2wg", 100.0, s_q=2, h_q=64), row("3wg", 50.0, s_q=2, h_q=64),
+               row("2wg", 100.0), row("3wg", 150.0))
+    assert [e["key"] for e in auto.derive(r)] == [[64, 1, 128, 1, 128, 4096], [64, 2, 64, 1, 128, 4096]]
+    assert auto.shape_key(64, 2, 64, 1, 128, 4096) == (64, 2, 64, 1, 128, 4096)
+    assert auto.kv_capacity(17, 64) == 1088
 
 
-ENTRIES = [
-    {"key": [64, 128, 128], "pipeline": "3wg", "geomean_us": {}, "configs": 1},
-    {"key": [64, 16, 128], "pipeline": "2wg", "geomean_us": {}, "configs": 1},
-    {"key": [1, 128, 1], "pipeline": "3wg", "geomean_us": {}, "configs": 1},
-]
+def test_row_capacity_is_the_runners_block_table():
+    from perf_table import grid
+
+    # The row's own field (runs that record it), else the runner's block table: the longest request's
+    # pages (uniform: seqlen rounded up to the page; varlen: the longest drawn length).
+    assert auto.row_kv_capacity(dict(row("2wg", 1.0), kv_capacity=5000)) == 5000
+    assert auto.row_kv_capacity(row("2wg", 1.0, page=64, seqlen=100)) == 128
+    assert auto.row_kv_capacity(row("2wg", 1.0, page=1, seqlen=100)) == 100
+    varlen = row("2wg", 1.0, page=16, seqlen=4096, varlen=True)
+    assert auto.row_kv_capacity(varlen) == -(-max(grid.varlen_lengths(128, 4096)) // 16) * 16
+    assert auto.row_kv_capacity(varlen) == grid.Config(16, 128, 1, 128, 4096, varlen=True).kv_capacity()
 
 
-@pytest.mark.parametrize("page, rows, batch, want", [
-    (64, 128, 128, "3wg"),  # measured
-    (64, 96, 100, "3wg"),  # nearest rows: 128
-    (64, 24, 128, "2wg"),  # nearest rows: 16
-    (128, 128, 64, "3wg"),  # another TMA page: nearest TMA key
-    (16, 16, 1, "2wg"),
-    (1, 16, 128, "3wg"),  # a gather page: only gather keys count
-    (4, 128, 1, "3wg"),
+def entry(page, b, winner, *, s_q=1, h_q=128, h_kv=1, cap=4096):
+    return {"key": [page, s_q, h_q, h_kv, b, cap], "pipeline": winner, "geomean_us": {}, "configs": 1}
+
+
+ENTRIES = sorted([
+    entry(64, 128, "3wg"),
+    entry(64, 128, "2wg", h_q=16),
+    entry(64, 128, "2wg", cap=1024),
+    entry(64, 1, "2wg", s_q=2, h_q=16),
+    entry(64, 1, "3wg", s_q=1, h_q=32),
+    entry(16, 1, "3wg", h_q=16),
+    entry(1, 1, "3wg"),
+], key=lambda e: e["key"])
+
+
+@pytest.mark.parametrize("page, s_q, h_q, h_kv, b, cap, want", [
+    (64, 1, 128, 1, 128, 4096, "3wg"),  # measured
+    (64, 1, 128, 1, 128, 1024, "2wg"),  # measured: same shape, shorter block table
+    (64, 1, 128, 1, 128, 8192, "3wg"),  # nearest capacity: 4096
+    (64, 1, 128, 1, 128, 600, "2wg"),  # nearest capacity: 1024
+    (64, 1, 128, 1, 128, None, "2wg"),  # capacity unknown: left out; the first of the equally near keys
+    (64, 1, 96, 1, 100, 4096, "3wg"),  # nearest heads: 128
+    (64, 1, 24, 1, 128, 4096, "2wg"),  # nearest heads: 16
+    (64, 2, 32, 1, 1, 4096, "2wg"),  # batch 1: s_q before heads (s_q 2 h_q 16, not s_q 1 h_q 32)
+    (64, 1, 16, 1, 1, 4096, "3wg"),  # batch 1, s_q 1: the h_q 32 key
+    (128, 1, 128, 1, 64, 4096, "3wg"),  # another TMA page: nearest TMA key
+    (16, 1, 16, 1, 128, 1024, "3wg"),  # page 16's only key wins at page 16, whatever the rest
+    (32, 1, 16, 1, 1, 4096, "3wg"),  # page 32: 16 and 64 equally near; 16 sorts first
+    (1, 1, 16, 1, 128, 64, "3wg"),  # a gather page: only gather keys count
+    (4, 1, 128, 1, 1, 4096, "3wg"),
+    (64, 1, 256, 2, 64, 4096, "3wg"),  # h_kv 2: 128 heads per kv head, batch x h_kv 128: the b128 h_q 128 key
 ])
-def test_choose_takes_the_nearest_key_of_the_same_loader(page, rows, batch, want):
-    assert auto.choose(page, rows, batch, ["2wg", "3wg"], ENTRIES) == want
+def test_choose_takes_the_nearest_key_of_the_same_loader(page, s_q, h_q, h_kv, b, cap, want):
+    assert auto.choose(page, s_q, h_q, h_kv, b, cap, ["2wg", "3wg"], ENTRIES) == want
 
 
 def test_choose_falls_back_to_the_default():
-    assert auto.choose(64, 128, 128, ["2wg", "3wg"], []) == auto.DEFAULT  # no table
-    assert auto.choose(64, 128, 128, ["2wg"], ENTRIES) == auto.DEFAULT  # winner not available
+    assert auto.choose(64, 1, 128, 1, 128, 4096, ["2wg", "3wg"], []) == auto.DEFAULT  # no table
+    assert auto.choose(64, 1, 128, 1, 128, 4096, ["2wg"], ENTRIES) == auto.DEFAULT  # winner not available
     only_tma = [e for e in ENTRIES if e["key"][0] != 1]
-    assert auto.choose(1, 128, 1, ["2wg", "3wg"], only_tma) == auto.DEFAULT  # no key of that loader
+    assert auto.choose(1, 1, 128, 1, 1, 4096, ["2wg", "3wg"], only_tma) == auto.DEFAULT  # no key of that loader
+    # the default does not serve the page size: the candidate that does
+    assert auto.choose(64, 1, 128, 1, 128, 1024, ["3wg"], ENTRIES) == "3wg"
+    assert auto.choose(64, 1, 128, 1, 128, 1024, [], ENTRIES) == auto.DEFAULT  # none: the caller's checks say why
+
+
+def test_choices_cover_every_capacity_and_batch():
+    both = ("2wg", "3wg")
+    # b 128, h_q 128, page 64: 3wg at capacity 4096, 2wg at 1024
+    assert auto.choices(64, 1, 128, 1, both, batch=128, entries=ENTRIES) == both
+    assert auto.choices(64, 1, 128, 1, both, batch=128, kv_capacity=8192, entries=ENTRIES) == ("3wg",)
+    assert auto.choices(64, 1, 16, 1, both, batch=128, entries=ENTRIES) == ("2wg",)
+    # batch open too: page 64, s_q 1, h_q 16 is 3wg at batch 1 (the h_q 32 key), 2wg at batch 128
+    assert auto.choices(64, 1, 16, 1, both, entries=ENTRIES) == both
+    assert auto.choices(16, 2, 64, 1, both, entries=ENTRIES) == ("3wg",)
+    assert auto.choices(16, 2, 64, 1, ("2wg",), entries=ENTRIES) == ("2wg",)
+    assert auto.choices(1, 1, 16, 1, both, entries=[]) == ("2wg",)
+
+
+def test_choices_agree_with_choose_on_a_dense_sweep():
+    both = ("2wg", "3wg")
+    for page in (1, 8, 16, 32, 64, 128):
+        for s_q in (1, 2, 4):
+            for h_q in (8, 16, 64, 128):
+                for h_kv in (1, 2):
+                    seen_any = set()
+                    for b in (1, 2, 8, 30, 128, 1000):
+                        seen = {auto.choose(page, s_q, h_q, h_kv, b, cap, both, ENTRIES)
+                                for cap in (1, 64, 900, 1024, 3000, 4096, 10 ** 6)}
+                        assert seen <= set(auto.choices(page, s_q, h_q, h_kv, both, batch=b, entries=ENTRIES))
+                        seen_any |= seen
+                    assert seen_any <= set(auto.choices(page, s_q, h_q, h_kv, both, entries=ENTRIES))
+
+
+def test_committed_table_lookups():
+    # The committed table (083cd93): page 16, b1, s_q 1, h_q 16 is 3wg's (11-15% faster there), not
+    # s_q 2; page 64, b128, s_q 1, h_q 128 is 2wg's at every length. Lookups on it are cached.
+    both = ("2wg", "3wg")
+    assert auto.choose(16, 1, 16, 1, 1, 4096, both) == "3wg"
+    assert auto.choose(16, 2, 16, 1, 1, 4096, both) == "2wg"
+    assert auto.choose(64, 1, 128, 1, 128, 4096, both) == "2wg"
+    assert auto.choose(16, 1, 16, 1, 1, 4096, ("2wg",)) == "2wg"
+    assert auto.choices(64, 1, 128, 1, both, batch=128) == ("2wg",)
+    assert set(auto.choices(1, 1, 16, 1, both)) == {"2wg", "3wg"}
 
 
 def test_report_flags_rows_more_than_2_percent_slower():
-    r = run_of(row("2wg", 100.0), row("3wg", 80.0), row("2wg", 10.0, seqlen=1024), row("3wg", 11.0, seqlen=1024))
-    entries = auto.derive(r)  # 3wg for the key, but 10% slower at 1024
+    # seqlen 4090 and 4096: one key, 3wg's by the geomean, but 10% slower at 4090.
+    r = run_of(row("2wg", 100.0), row("3wg", 80.0), row("2wg", 10.0, seqlen=4090), row("3wg", 11.0, seqlen=4090))
+    entries = auto.derive(r)
     (slow,) = auto.slower_rows(r, entries)
     assert slow[1:] == ("3wg", 11.0, "2wg", 10.0)
 
@@ -98,7 +184,61 @@ def test_committed_table_is_derived_from_its_source_run(capsys):
     assert auto_table.SOURCE.startswith("perf_table/results/")
 
 
+def test_committed_table_has_no_slower_row_on_its_source_run():
+    from pipelines import auto_table
+
+    run = json.loads((auto.REPO_DIR / auto_table.SOURCE).read_text())
+    assert auto.slower_rows(run, auto_table.ENTRIES) == []
+
+
 def test_render_round_trips():
     namespace = {}
     exec(auto.render("perf_table/results/x.json", ENTRIES), namespace)
     assert namespace["ENTRIES"] == ENTRIES and namespace["SOURCE"] == "perf_table/results/x.json"
+
+
+# ------------------------------------------------------------------------------------ --verify
+
+def verify_run():
+    return run_of(
+        # within 2%: auto ran the faster variant
+        row("2wg", 100.0), row("3wg", 120.0), row("auto", 101.0, resolved="2wg"),
+        # SLOWER, a wrong choice: the resolved variant's own row is 10% slower too
+        row("2wg", 10.0, b=8), row("3wg", 9.0, b=8), row("auto", 10.0, b=8, resolved="2wg"),
+        # SLOWER by noise: the resolved variant's own row is the fastest
+        row("2wg", 50.0, b=1), row("3wg", 60.0, b=1), row("auto", 52.0, b=1, resolved="2wg"),
+        # multicast pairs: only the default path (multicast True) counts
+        row("2wg", 30.0, b=32, multicast=True), row("3wg", 31.0, b=32, multicast=True),
+        row("2wg", 20.0, b=32, multicast=False), row("3wg", 21.0, b=32, multicast=False),
+        row("auto", 30.5, b=32, multicast=True, resolved="2wg"),
+        # not verifiable: no auto row; auto with one variant; auto failed
+        row("2wg", 5.0, b=64), row("3wg", 5.0, b=64),
+        row("2wg", 5.0, b=2), row("auto", 50.0, b=2, resolved="2wg"),
+        row("2wg", 5.0, b=4), row("3wg", 5.0, b=4), row("auto", None, b=4, error="boom"))
+
+
+def test_verify_compares_auto_with_the_faster_variant():
+    lines = auto.verify(verify_run())
+    by_b = {line["config"][2]: line for line in lines}
+    assert sorted(by_b) == [1, 8, 32, 128]
+    ok, wrong, noise, mc = by_b[128], by_b[8], by_b[1], by_b[32]
+    assert (ok["ratio"], ok["slower"], ok["fastest"], ok["resolved"]) == (pytest.approx(1.01), False, "2wg", "2wg")
+    assert wrong["slower"] and wrong["fastest"] == "3wg" and wrong["resolved_ratio"] == pytest.approx(10 / 9)
+    assert noise["slower"] and noise["resolved_ratio"] == 1.0 and noise["ratio"] == pytest.approx(1.04)
+    assert not mc["slower"] and mc["fastest_us"] == 30.0 and mc["config"][-1] is True
+
+
+def test_verify_cli_prints_every_config_and_exits_1_on_a_slower_row(tmp_path, capsys):
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(verify_run()))
+    assert auto.main(["--verify", str(path)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("SLOWER") == 3  # two lines and the summary
+    assert "4 configs with auto and both variants; 2 within 2% of the faster variant, 2 SLOWER (1 of them" in out
+    assert "bf16 p64 b8 s1 h128 L4096" in out and "auto (2wg)" in out and "fastest 3wg" in out
+    good = run_of(row("2wg", 100.0), row("3wg", 120.0), row("auto", 101.0, resolved="2wg"))
+    path.write_text(json.dumps(good))
+    assert auto.main(["--verify", str(path)]) == 0
+    path.write_text(json.dumps(run_of(row("2wg", 100.0), row("3wg", 120.0))))
+    assert auto.main(["--verify", str(path)]) == 1  # nothing to verify is not a pass
+    assert "no config with an auto row" in capsys.readouterr().out
