@@ -44,6 +44,10 @@ ENTRY_PARAMS = ("q", "k_cache", "block_table", "cache_seqlens", "tile_scheduler_
 
 _PACKAGE_DIRS = (pathlib.Path(__file__).resolve().parent,
                  pathlib.Path(__file__).resolve().parent.parent / "split_k")
+# Files of those directories that hold no kernel code: pipeline="auto"'s table and its tooling (a
+# host-side choice between compiled entries), regenerated after every perf run; they must not
+# start a fresh kernel cache.
+_NOT_KERNEL_SOURCES = ("auto.py", "auto_table.py")
 # CUTE_DSL_* variables that do not change generated code (paths, logging, the DSL's own caches);
 # every other one is part of the namespace, so a knob that does change code never reuses an entry.
 _ENV_NOT_IN_KEY = ("CUTE_DSL_CACHE_DIR", "CUTE_DSL_LOG_LEVEL", "CUTE_DSL_LOG_TO_CONSOLE", "CUTE_DSL_LOG_TO_FILE",
@@ -255,13 +259,15 @@ def compile_entry(config: DecodeConfig, options: str | None = None):
 
 def namespace_info() -> dict:
     """Everything besides the configuration that changes compiled code: the sources of the
-    kernels (every .py of pipelines/ and split_k/), the DSL, TVM-FFI and Python versions, the
+    kernels (every .py of pipelines/ and split_k/ but ``_NOT_KERNEL_SOURCES``), the DSL, TVM-FFI and Python versions, the
     machine, the target arch and the DSL's code-affecting environment variables."""
     import tvm_ffi
 
     sources = hashlib.sha256()
     for directory in _PACKAGE_DIRS:
         for path in sorted(directory.glob("*.py")):
+            if directory.name == "pipelines" and path.name in _NOT_KERNEL_SOURCES:
+                continue
             sources.update(f"{directory.name}/{path.name}\0".encode())
             sources.update(path.read_bytes())
             sources.update(b"\0")

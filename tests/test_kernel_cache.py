@@ -314,6 +314,10 @@ def test_namespace_changes_with_sources_versions_arch_and_knobs(monkeypatch, tmp
         copies.append(dst)
     monkeypatch.setattr(launch, "_PACKAGE_DIRS", tuple(copies))
     assert launch.namespace() == base  # same bytes, same namespace
+    for name in ("auto.py", "auto_table.py"):  # pipeline="auto"'s table is no kernel source
+        table = tmp_path / "pipelines" / name
+        table.write_text(table.read_text() + "\n# regenerated\n")
+    assert launch.namespace() == base
     skeleton = tmp_path / "pipelines" / "skeleton.py"
     skeleton.write_text(skeleton.read_text() + "\n# a comment is a change too\n")
     edited = launch.namespace()
