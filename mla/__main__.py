@@ -46,8 +46,16 @@ def report_environment() -> None:
     else:
         print("GPU: none (torch.cuda.is_available() is False)")
     available = pipelines.available_variants()
+    fixed = api.fixed_pipeline("auto")
+    if fixed is not None:
+        auto_says = f"{fixed} ({api.PIPELINE_ENV_VAR})"
+    else:
+        from pipelines import auto_table
+        counts = {p: sum(e["pipeline"] == p for e in auto_table.ENTRIES) for p in pipelines.VARIANTS}
+        auto_says = (f"per shape from pipelines/auto_table.py ({len(auto_table.ENTRIES)} measured shapes: "
+                     + (", ".join(f"{p} {n}" for p, n in counts.items() if n) or f"none: {api.DEFAULT_PIPELINE}") + ")")
     print(f"pipelines: {', '.join(pipelines.VARIANTS)}; with a kernel: {', '.join(available) or 'none yet'}; "
-          f"pipeline='auto' -> {api.resolve_pipeline('auto')}")
+          f"pipeline='auto' -> {auto_says}")
 
 
 # (s_q, h_q, h_kv, causal) of the GPU self-check: plain decode, causal MTP with two kv heads, and 128

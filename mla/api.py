@@ -1,9 +1,10 @@
 """Public API: FlashMLA-compatible functions and a plan/run decoder object.
 
-Kernel path of every entry point: resolve the pipeline name, check that its kernel exists, validate
-every input (``mla.validate``), plan the split, allocate what the caller did not pass, then one call
-of the compiled decode (``pipelines.decode_launcher``). Nothing is launched before all checks pass,
-and no name falls back silently to another pipeline.
+Kernel path of every entry point: check the pipeline name and that its kernel exists, validate
+every input (``mla.validate``), resolve ``"auto"`` for the call's shape (``resolve_pipeline``), plan
+the split, allocate what the caller did not pass, then one call of the compiled decode
+(``pipelines.decode_launcher``). Nothing is launched before all checks pass, and no name falls back
+silently to another pipeline (``"auto"`` chooses only among the variants that serve the page size).
 
 Planning (``planner=``): ``"device"`` runs the planner kernel (``split_k.planner_kernel``) on the
 lengths where they are, with no host synchronisation; ``"host"`` copies the lengths to the host and
@@ -17,8 +18,9 @@ Eager calls are the hot path of an engine whenever a step does not match a captu
 the checks are cached per *signature*: each tensor's shape, strides and dtype, q's device, the
 scalar arguments with their types, the plan's host-side facts, the pipeline name and the
 ``MLA_PIPELINE``/``MLA_MULTICAST`` values (``MLADecoder`` reads them once, in ``__init__`` and
-``plan``). A repeated
-signature costs one dictionary lookup; a new one gets every check, and a failed check is never
+``plan``). ``"auto"``'s choice is a function of the signature (page size, s_q, h_q, h_kv, batch
+size, block_table's width), so it is made once per signature too. A repeated signature costs one
+dictionary lookup; a new one gets every check, and a failed check is never
 cached. What a signature leaves open is checked by the compiled function itself on every call,
 in C, before it launches (TVM-FFI's argument decoding against the compiled signature: every
 tensor's dtype, device type and device index, the static extents, stride divisibility and the
@@ -36,13 +38,14 @@ from dataclasses import dataclass
 import torch
 
 import pipelines
+from pipelines import auto
 from split_k import planner
 
 from . import validate
 from .reference import HEAD_DIM_V
 
 PIPELINE_ENV_VAR = "MLA_PIPELINE"
-DEFAULT_PIPELINE = "2wg"
+DEFAULT_PIPELINE = auto.DEFAULT  # "2wg": auto's choice where the table knows nothing
 PIPELINE_CHOICES = ("auto",) + tuple(pipelines.VARIANTS)
 PLANNER_CHOICES = ("auto", "device", "host")
 PLANNER_DEVICE_TYPE = "cuda"
@@ -71,23 +74,82 @@ _partial_env_raw = _env_reader(PARTIAL_ENV_VAR)
 _split_cluster_env_raw = _env_reader(planner.SPLIT_CLUSTER_ENV_VAR)
 
 
-def resolve_pipeline(pipeline: str = "auto") -> str:
-    """Map a ``pipeline=`` argument to a variant name.
-
-    ``"2wg"`` and ``"3wg"`` name a variant; ``"auto"`` means the ``MLA_PIPELINE`` environment
-    variable when it is set (to a variant name), else ``"2wg"``. Raises ``ValueError`` listing the
-    choices for any other name (in the argument or in the environment variable).
-    """
+def check_pipeline(pipeline) -> str:
+    """``pipeline`` must be one of ``PIPELINE_CHOICES``; returns it."""
     if not isinstance(pipeline, str) or pipeline not in PIPELINE_CHOICES:
         raise ValueError(f"pipeline must be one of {PIPELINE_CHOICES}, got {pipeline!r}")
-    if pipeline != "auto":
+    return pipeline
+
+
+def fixed_pipeline(pipeline) -> str | None:
+    """The variant a ``pipeline=`` argument fixes for every shape: the name itself, or for ``"auto"``
+    the ``MLA_PIPELINE`` environment variable when it is set to a variant (read now); None when
+    ``"auto"`` chooses per shape (the variable unset, empty or ``"auto"``). Raises ``ValueError``
+    listing the choices for any other name (in the argument or in the variable)."""
+    if check_pipeline(pipeline) != "auto":
         return pipeline
     env = os.environ.get(PIPELINE_ENV_VAR, "").strip()
     if not env or env == "auto":
-        return DEFAULT_PIPELINE
+        return None
     if env not in pipelines.VARIANTS:
         raise ValueError(f"{PIPELINE_ENV_VAR} must be one of {tuple(pipelines.VARIANTS)} (or unset), got {env!r}")
     return env
+
+
+def auto_candidates(page_size: int) -> tuple[str, ...]:
+    """The variants ``"auto"`` chooses among for ``page_size``: those with a kernel that serve it."""
+    return tuple(v for v in pipelines.available_variants() if page_size in pipelines.supported_page_sizes(v))
+
+
+def _known(value):
+    """``value`` as an int, or None when it is symbolic (a SymInt while torch.compile traces: reading
+    it would specialise the graph on it)."""
+    return value if isinstance(value, int) else None
+
+
+def auto_variant(page_size: int, seq_len_q: int, num_heads_q: int, num_heads_k: int, batch_size: int | None,
+                 max_pages: int | None) -> str:
+    """The table's choice (``pipelines.auto.choose``) for a shape among ``auto_candidates(page_size)``;
+    the KV-length proxy is the block table's capacity ``max_pages * page_size``. A None (unknown)
+    batch size or width is left out of the lookup. Cached per shape: a dictionary lookup once seen."""
+    batch_size, max_pages = _known(batch_size), _known(max_pages)
+    return auto.choose(page_size, seq_len_q, num_heads_q, num_heads_k, batch_size,
+                       None if max_pages is None else auto.kv_capacity(max_pages, page_size), auto_candidates(page_size))
+
+
+def _shape_variant(fixed: str | None, shape: validate.DecodeShape) -> str:
+    """The variant a validated call runs (``fixed``, else auto's choice for its shape), checked to serve
+    the call's page size. While torch.compile traces, a per-shape auto is not chosen (the op chooses
+    when it runs): any candidate stands for it in the page-size check."""
+    if fixed is not None:
+        variant = fixed
+    elif torch.compiler.is_compiling():
+        variant = next(iter(auto_candidates(shape.page_size)), DEFAULT_PIPELINE)
+    else:
+        variant = auto_variant(shape.page_size, shape.s_q, shape.h_q, shape.h_kv, shape.batch_size, shape.max_pages)
+    _check_kernel_shape(shape, variant)
+    return variant
+
+
+def resolve_pipeline(pipeline: str = "auto", *, page_size: int | None = None, seq_len_q: int = 1,
+                     num_heads_q: int | None = None, num_heads_k: int = 1, batch_size: int | None = None,
+                     max_pages: int | None = None) -> str:
+    """Map a ``pipeline=`` argument to the variant a call of this shape runs.
+
+    ``"2wg"`` and ``"3wg"`` name a variant. ``"auto"`` means the ``MLA_PIPELINE`` environment
+    variable when it is set (to a variant name), else the choice of ``pipelines/auto_table.py`` for
+    the shape (``auto_variant``: page size, s_q, h_q, h_kv, batch size and the block table's width
+    ``max_pages``, i.e. ``block_table.shape[1]``) among the variants with a kernel that serve the page
+    size. Without ``page_size`` and ``num_heads_q`` (no shape) ``"auto"`` gives ``DEFAULT_PIPELINE``.
+    Raises ``ValueError`` listing the choices for any other name (in the argument or in the
+    environment variable).
+    """
+    fixed = fixed_pipeline(pipeline)
+    if fixed is not None:
+        return fixed
+    if page_size is None or num_heads_q is None:
+        return DEFAULT_PIPELINE
+    return auto_variant(page_size, seq_len_q, num_heads_q, num_heads_k, batch_size, max_pages)
 
 
 def require_kernel(variant: str) -> None:
@@ -96,6 +158,18 @@ def require_kernel(variant: str) -> None:
     if variant not in available:
         raise NotImplementedError(f"pipeline {variant!r} has no kernel yet; pipelines with a kernel: "
                                   f"{tuple(available) if available else 'none'}")
+
+
+def _require_pipeline(pipeline) -> str | None:
+    """Check a ``pipeline=`` argument before the inputs: the name (and ``MLA_PIPELINE``), and that the
+    variant it fixes, or for a per-shape ``"auto"`` at least one variant, has a kernel
+    (``NotImplementedError`` naming ``DEFAULT_PIPELINE`` when none has). Returns ``fixed_pipeline``."""
+    fixed = fixed_pipeline(pipeline)
+    if fixed is not None:
+        require_kernel(fixed)
+    elif not pipelines.available_variants():
+        require_kernel(DEFAULT_PIPELINE)
+    return fixed
 
 
 def _num_sms(device: torch.device, num_sms: int | None) -> int:
@@ -343,9 +417,11 @@ _FLASH_CALLS: dict = {}
 
 
 def clear_caches() -> None:
-    """Forget every checked signature (``flash_mla_with_kvcache``'s and ``torch.ops.mla.decode``'s).
-    Only needed when the pipeline registry changes under a running process (tests do that)."""
+    """Forget every checked signature (``flash_mla_with_kvcache``'s and ``torch.ops.mla.decode``'s)
+    and auto's cached lookups. Only needed when the pipeline registry or the auto table changes
+    under a running process (tests do that)."""
     _FLASH_CALLS.clear()
+    auto.clear_caches()
     from . import ops
     ops.clear_caches()
 
@@ -374,14 +450,15 @@ def _flash_key(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v, til
             None if out is None else (out.shape, out.stride(), out.dtype), plan)
 
 
-def _check_flash_call(variant, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+def _check_flash_call(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                       num_splits, softmax_scale, causal, out, *, launcher: bool = True) -> _Call:
-    """Every check of a ``flash_mla_with_kvcache`` call; plans a fresh ``MLASchedMeta``. With
-    ``launcher`` (eager calls) the result carries the compiled launch (loaded or compiled now)."""
-    require_kernel(variant)
+    """Every check of a ``flash_mla_with_kvcache`` call; resolves ``pipeline`` for the call's shape
+    (``resolve_pipeline``) and plans a fresh ``MLASchedMeta``. With ``launcher`` (eager calls) the
+    result carries the compiled launch (loaded or compiled now)."""
+    fixed = _require_pipeline(pipeline)
     shape = validate.check_decode_inputs(q, k_cache, block_table, cache_seqlens, head_dim_v, softmax_scale,
                                          causal, out=out, device_type=validate.KERNEL_DEVICE_TYPE)
-    _check_kernel_shape(shape, variant)
+    variant = _shape_variant(fixed, shape)
     if isinstance(tile_scheduler_metadata, MLASchedMeta):
         if num_splits is not None:
             raise ValueError("num_splits must be None when tile_scheduler_metadata is an MLASchedMeta")
@@ -420,7 +497,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
             h_kv)`` (tensors on q's device), or ``(MLASchedMeta, None)`` from ``get_mla_metadata()``.
         softmax_scale: default ``576 ** -0.5``; must be finite and > 0.
         causal: bottom-right aligned causal mask (matters for ``s_q > 1``).
-        pipeline: ``"auto"`` (the ``MLA_PIPELINE`` env var, else ``"2wg"``), ``"2wg"`` or ``"3wg"``.
+        pipeline: ``"auto"`` (the ``MLA_PIPELINE`` env var, else the variant ``pipelines/auto_table.py``
+            gives this call's shape: page size, s_q, h_q, h_kv, batch size and block_table's capacity
+            ``block_table.shape[1] * page_size``; ``resolve_pipeline``), ``"2wg"`` or ``"3wg"``.
         out: optional ``[b, s_q, h_q, 512]`` of q's dtype to write into.
 
     Returns:
@@ -450,8 +529,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     except (AttributeError, TypeError):  # a non-tensor or an unhashable argument: the checks name it
         key = call = None
     if call is None:
-        variant = resolve_pipeline(pipeline)
-        call = _check_flash_call(variant, q, k_cache, block_table, cache_seqlens, head_dim_v,
+        call = _check_flash_call(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v,
                                  tile_scheduler_metadata, num_splits, softmax_scale, causal, out)
         if key is None and isinstance(tile_scheduler_metadata, MLASchedMeta):
             # Planned just now: later calls have this key, and these checks are theirs.
@@ -488,8 +566,8 @@ def _flash_mla_traced(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_s
     caches, no data pointers), allocations in the graph, the launch as ``torch.ops.mla.decode``."""
     from . import ops  # noqa: F401 - registers the op
 
-    variant = resolve_pipeline(pipeline)
-    call = _check_flash_call(variant, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
+    fixed = fixed_pipeline(pipeline)
+    call = _check_flash_call(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                              num_splits, softmax_scale, causal, out, launcher=False)
     if isinstance(tile_scheduler_metadata, MLASchedMeta):
         tile_scheduler_metadata, num_splits = (tile_scheduler_metadata.tile_scheduler_metadata,
@@ -498,8 +576,10 @@ def _flash_mla_traced(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_s
         out = torch.empty(call.out_shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(call.lse_shape, dtype=torch.float32, device=q.device)
     workspace = torch.empty(call.workspace_numel, dtype=torch.float32, device=q.device)
+    # A per-shape "auto" stays "auto": the op resolves it when it runs, on the concrete shapes (a
+    # symbolic batch size or block-table width is not read while tracing, which would specialise on it).
     torch.ops.mla.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
-                         workspace, call.softmax_scale, call.shape.causal, variant)
+                         workspace, call.softmax_scale, call.shape.causal, fixed if fixed is not None else "auto")
     return out, lse
 
 
@@ -522,6 +602,12 @@ class MLADecoder:
     re-plans from whatever ``cache_seqlens`` holds at replay. With ``planner="host"`` ``plan`` copies
     the lengths to the host (a sync): call it outside the capture.
 
+    ``pipeline="auto"`` (unless ``MLA_PIPELINE`` names a variant) chooses per shape: ``plan`` knows
+    the page size, s_q, heads and batch size but not the block table, so it loads the kernel of
+    every variant the table may choose for them (``variants``: usually one), and ``run`` picks one
+    per call signature from block_table's width (``variant_for``); a repeated signature costs the
+    same dictionary lookup as with a named pipeline.
+
     Example::
 
         dec = MLADecoder(pipeline="auto")
@@ -531,7 +617,8 @@ class MLADecoder:
 
     def __init__(self, pipeline: str = "auto", *, num_sms: int | None = None, planner: str = "auto",
                  partial_dtype=None):
-        """``pipeline``: ``"auto"``/``"2wg"``/``"3wg"`` (resolved now, ``MLA_PIPELINE`` read now);
+        """``pipeline``: ``"auto"``/``"2wg"``/``"3wg"`` (``MLA_PIPELINE`` read now: when it names a
+        variant, "auto" is that variant; else "auto" chooses per shape, see the class docstring);
         ``num_sms``: SM count to plan for (default: the device's); ``planner``: ``"auto"``/
         ``"device"``/``"host"`` (see ``get_mla_metadata``; ``"auto"`` is the kernel for lengths on the
         planned CUDA device, the host planner otherwise); ``partial_dtype``: dtype of the split-kv
@@ -544,7 +631,11 @@ class MLADecoder:
             if name not in ("float32", "input", "bfloat16", "float16"):
                 raise ValueError(f"partial_dtype must be 'float32', 'input' or q's torch dtype, got {partial_dtype!r}")
         self._partial = partial_dtype
-        self.variant = resolve_pipeline(pipeline)
+        self.pipeline = pipeline
+        self.variant = fixed_pipeline(pipeline)
+        """The variant every run launches, or None when "auto" chooses per shape (``variant_for``)."""
+        self.variants: tuple[str, ...] = ()
+        """The variants the current plan loaded: those ``run`` may launch."""
         self._num_sms = num_sms
         self._planner = check_planner(planner)
         self._planned: validate.DecodeShape | None = None
@@ -552,8 +643,8 @@ class MLADecoder:
         self.tile_scheduler_metadata: torch.Tensor | None = None
         self.num_splits: torch.Tensor | None = None
         self._workspace = self._lse = None
-        self._launch = None
-        self._checked: dict = {}  # run() signatures that passed every check against this plan
+        self._launches: dict = {}  # variant -> compiled launch of the plan
+        self._checked: dict = {}  # run() signature that passed every check against this plan -> its launch
 
     def plan(self, cache_seqlens: torch.Tensor, *, num_heads_q: int, seq_len_q: int = 1, num_heads_k: int = 1,
              page_size: int = 64, dtype: torch.dtype = torch.bfloat16, head_dim_v: int = HEAD_DIM_V,
@@ -574,7 +665,10 @@ class MLADecoder:
         negative length), NotImplementedError when the pipeline has no kernel yet; all before
         anything is allocated or launched.
         """
-        require_kernel(self.variant)
+        if self.variant is not None:
+            require_kernel(self.variant)
+        elif not pipelines.available_variants():
+            require_kernel(DEFAULT_PIPELINE)  # auto, and no variant has a kernel: say so
         cache_seqlens = validate.check_seqlens_tensor(cache_seqlens)
         device = torch.device(device) if device is not None else cache_seqlens.device
         if device.type == "cuda" and device.index is None:  # compare like the tensors' devices
@@ -597,7 +691,12 @@ class MLADecoder:
             torch.empty(b, 0, dtype=torch.int32, device=meta),
             torch.empty(b, dtype=torch.int32, device=meta),
             head_dim_v, softmax_scale, causal, device_type=None)
-        _check_kernel_shape(shape, self.variant)
+        # The variants run() may launch: the fixed one, or every one auto may choose for this shape
+        # whatever the block table's width (known only at run()).
+        variants = ((self.variant,) if self.variant is not None else
+                    auto.choices(page_size, seq_len_q, num_heads_q, num_heads_k, auto_candidates(page_size), batch=b))
+        for variant in variants:
+            _check_kernel_shape(shape, variant)
         shape = dataclasses.replace(shape, device=device)
 
         parts = planner.num_sm_parts(_num_sms(device, self._num_sms), shape.rows, shape.h_kv)
@@ -610,7 +709,7 @@ class MLADecoder:
         # The first plan of a configuration loads (or compiles) its kernel; later ones, captured
         # in a CUDA graph included, find it in memory.
         cluster = planner.split_cluster(b, parts)
-        launch = _launcher(self.variant, shape, parts, self._partial)  # ValueError: partial_dtype is not q's dtype
+        launches = {v: _launcher(v, shape, parts, self._partial) for v in variants}  # ValueError: partial_dtype
         reuse = self._reusable(shape, parts)
         if reuse:
             metadata, num_splits = self.tile_scheduler_metadata, self.num_splits
@@ -621,7 +720,8 @@ class MLADecoder:
             self.tile_scheduler_metadata, self.num_splits = metadata, num_splits
             self._workspace = torch.empty(_workspace_numel(shape, parts), dtype=torch.float32, device=device)
             self._lse = torch.empty(shape.batch_size, shape.h_q, shape.s_q, dtype=torch.float32, device=device)
-        self._planned, self._info, self._launch, self._scale = shape, info, launch, shape.softmax_scale
+        self._planned, self._info, self._launches, self._scale = shape, info, launches, shape.softmax_scale
+        self.variants = variants
         self._out_shape = (shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V)
         self._checked = {}
 
@@ -647,6 +747,25 @@ class MLADecoder:
         if self._info.max_seqlen is not None:  # a host plan: the longest sequence is known
             validate.check_block_table_width(shape.max_pages, shape.page_size, self._info.max_seqlen)
         return shape
+
+    def variant_for(self, block_table: torch.Tensor) -> str:
+        """The variant ``run`` launches for a block table of ``block_table``'s width, with the planned
+        shape: ``variant`` when the pipeline is fixed, else auto's choice (``resolve_pipeline``)."""
+        if self._planned is None:
+            raise RuntimeError("MLADecoder.variant_for called before plan()")
+        if self.variant is not None:
+            return self.variant
+        p = self._planned
+        return auto_variant(p.page_size, p.s_q, p.h_q, p.h_kv, p.batch_size, block_table.shape[1])
+
+    def _launch_for(self, shape: validate.DecodeShape):
+        """The compiled launch of the plan for a checked ``run`` of ``shape``."""
+        variant = self.variant if self.variant is not None else auto_variant(
+            shape.page_size, shape.s_q, shape.h_q, shape.h_kv, shape.batch_size, shape.max_pages)
+        launch = self._launches.get(variant)
+        if launch is None:  # plan loads every variant auto may choose (auto.choices): not expected
+            launch = self._launches[variant] = _launcher(variant, self._planned, self._info.num_parts, self._partial)
+        return launch
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
             *, out: torch.Tensor | None = None, lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -675,21 +794,22 @@ class MLADecoder:
                    cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
                    None if out is None else (out.shape, out.stride(), out.dtype),
                    None if lse is None else (lse.shape, lse.stride(), lse.dtype))
-            checked = key in self._checked
+            launch = self._checked.get(key)
         except (AttributeError, TypeError):
-            key, checked = None, False
-        if not checked:
-            self._check_run(q, k_cache, block_table, cache_seqlens, out, lse)
+            key = launch = None
+        if launch is None:
+            shape = self._check_run(q, k_cache, block_table, cache_seqlens, out, lse)
+            launch = self._launch_for(shape)
             if key is not None:
-                _remember(self._checked, key, True)
+                _remember(self._checked, key, launch)
         if out is None:
             out = q.new_empty(self._out_shape)
         own_lse = lse is None
         if own_lse:
             lse = self._lse
         try:
-            self._launch(q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits, out,
-                         lse, self._workspace, self._scale)
+            launch(q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits, out,
+                   lse, self._workspace, self._scale)
         except (ValueError, TypeError):
             # The compiled function refused an argument: name it as the API does (module docstring).
             self._check_run(q, k_cache, block_table, cache_seqlens, out, None if own_lse else lse)
@@ -707,6 +827,9 @@ class MLADecoder:
             out = torch.empty(self._out_shape, dtype=q.dtype, device=q.device)
         if lse is None:
             lse = self._lse
+        # A per-shape "auto" stays "auto": the op resolves it when it runs, on the concrete shapes, as
+        # _launch_for does (it reads MLA_PIPELINE then, where this decoder read it in __init__).
         torch.ops.mla.decode(q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits,
-                             out, lse, self._workspace, planned.softmax_scale, planned.causal, self.variant)
+                             out, lse, self._workspace, planned.softmax_scale, planned.causal,
+                             self.variant if self.variant is not None else "auto")
         return out, lse

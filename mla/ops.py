@@ -10,8 +10,10 @@ It writes ``out [b, s_q, h_q, 512]`` (q's dtype), ``lse [b, h_q, s_q]`` (fp32, c
 split-kv ``workspace`` (fp32, 1-D, ``pipelines.workspace_numel(b, num_parts, s_q * h_q)``
 elements) and returns nothing: the outputs are the caller's buffers, which is what a CUDA graph
 and an engine's preallocated outputs want. The other arguments are those of
-``mla.flash_mla_with_kvcache`` (metadata from ``get_mla_metadata``); ``pipeline`` is ``"auto"``,
-``"2wg"`` or ``"3wg"``.
+``mla.flash_mla_with_kvcache`` (metadata from ``get_mla_metadata``); ``pipeline`` is ``"2wg"``,
+``"3wg"`` or ``"auto"``: ``MLA_PIPELINE`` when set, else the variant ``pipelines/auto_table.py`` gives
+the call's shape (``mla.resolve_pipeline``), resolved when the op runs, once per signature (the
+signature holds every shape the choice reads, block_table's width included).
 
 ``mla.flash_mla_with_kvcache`` and ``mla.MLADecoder.run`` call it when traced by
 ``torch.compile``, so a model step calling the API compiles with ``fullgraph=True``; eagerly they
@@ -38,13 +40,12 @@ def clear_caches() -> None:
 def _check(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
            softmax_scale, causal, pipeline, *, launcher: bool, any_device: bool = False):
     device_type = None if any_device else validate.KERNEL_DEVICE_TYPE  # read now: tests change it
-    variant = api.resolve_pipeline(pipeline)
-    api.require_kernel(variant)
+    fixed = api._require_pipeline(pipeline)
     shape = validate.check_decode_inputs(q, k_cache, block_table, cache_seqlens, HEAD_DIM_V, softmax_scale, causal,
                                          out=out, lse=lse, device_type=device_type)
     if out is None or lse is None:  # the schema has them as tensors; a direct Python call might not
         raise TypeError(f"{'out' if out is None else 'lse'} must be a torch.Tensor, got NoneType")
-    api._check_kernel_shape(shape, variant)
+    variant = api._shape_variant(fixed, shape)  # "auto": the table's choice for this call's shape
     validate.check_metadata(tile_scheduler_metadata, num_splits, shape.batch_size, shape.device)
     validate.check_workspace(workspace, api._workspace_numel(shape, tile_scheduler_metadata.shape[0]), shape.device)
     return api._launcher(variant, shape, tile_scheduler_metadata.shape[0]) if launcher else None

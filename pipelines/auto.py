@@ -153,10 +153,13 @@ def derive(run: dict) -> list[dict]:
 
 def _coords(page_size, s_q, h_q, h_kv, batch, capacity) -> tuple[bool, tuple]:
     """(gather loader?, the log2 coordinates in distance order: page, batch x h_kv, s_q, heads per kv
-    head, capacity, h_kv). A capacity of None (unknown) is None: no distance in that coordinate."""
-    lg = math.log2
+    head, capacity, h_kv). A batch or capacity of None (unknown) is None: no distance in that
+    coordinate."""
+    def lg(x):
+        return None if x is None else math.log2(max(x, 1))  # an empty batch or block table: as 1
+
     return (page_size in GATHER_PAGES,
-            (lg(page_size), lg(batch * h_kv), lg(s_q), lg(h_q / h_kv), None if capacity is None else lg(capacity),
+            (lg(page_size), None if batch is None else lg(batch * h_kv), lg(s_q), lg(h_q / h_kv), lg(capacity),
              lg(h_kv)))
 
 
@@ -196,16 +199,16 @@ def _pick(winner: str | None, candidates: Sequence[str]) -> str:
     return candidates[0]
 
 
-def choose(page_size: int, s_q: int, h_q: int, h_kv: int, batch: int, kv_capacity: int | None,
+def choose(page_size: int, s_q: int, h_q: int, h_kv: int, batch: int | None, kv_capacity: int | None,
            candidates: Sequence[str], entries: Sequence[dict] | None = None) -> str:
     """The pipeline for a shape: the nearest measured key's entry, if it is one of ``candidates``
     (the available pipelines that serve ``page_size``); else ``DEFAULT`` if that is a candidate, else
     the first candidate (``DEFAULT`` when there is none: the caller's kernel checks then say why).
-    ``kv_capacity``: ``block_table.shape[1] * page_size``; None (not known, e.g. a symbolic size
-    while tracing) leaves the capacity out of the distance. ``entries``: default the committed table
+    ``kv_capacity``: ``block_table.shape[1] * page_size``; None for it or ``batch`` (not known, e.g.
+    a symbolic size while tracing) leaves that coordinate out of the distance. ``entries``: default the committed table
     (lookups on it are cached)."""
     if entries is None:
-        return _choose_committed(int(page_size), int(s_q), int(h_q), int(h_kv), int(batch),
+        return _choose_committed(int(page_size), int(s_q), int(h_q), int(h_kv), None if batch is None else int(batch),
                                  None if kv_capacity is None else int(kv_capacity), tuple(candidates))
     gather, coords = _coords(page_size, s_q, h_q, h_kv, batch, kv_capacity)
     return _pick(_nearest(_prepared(entries), gather, coords), candidates)
@@ -220,6 +223,13 @@ def _choose_committed(page_size, s_q, h_q, h_kv, batch, capacity, candidates):
 @functools.lru_cache(maxsize=1)
 def _committed_prepared():
     return _prepare(load_entries())
+
+
+def clear_caches() -> None:
+    """Forget the cached lookups on the committed table (tests that substitute ``auto_table.ENTRIES``)."""
+    _choose_committed.cache_clear()
+    _choices_committed.cache_clear()
+    _committed_prepared.cache_clear()
 
 
 def choices(page_size: int, s_q: int, h_q: int, h_kv: int, candidates: Sequence[str], *, batch: int | None = None,
@@ -242,7 +252,7 @@ def _choices_committed(page_size, s_q, h_q, h_kv, candidates, batch, capacity):
 
 
 def _choices(prepared, page_size, s_q, h_q, h_kv, candidates, batch, capacity) -> tuple[str, ...]:
-    gather, coords = _coords(page_size, s_q, h_q, h_kv, 1 if batch is None else batch, capacity)
+    gather, coords = _coords(page_size, s_q, h_q, h_kv, batch, capacity)
     open_at = {(None if batch is not None else e_coords[_BATCH], None if capacity is not None else e_coords[_CAPACITY])
                for e_gather, e_coords, _ in prepared if e_gather == gather}
     found = set()

@@ -78,6 +78,174 @@ class TestPipelineFlag:
             mla.MLADecoder(pipeline="turbo")
 
 
+# ------------------------------------------------------------------------ auto: the table's choice
+
+def entry(winner, *, page=64, s_q=1, h_q=16, h_kv=1, b=3, cap=320):
+    return {"key": [page, s_q, h_q, h_kv, b, cap], "pipeline": winner, "geomean_us": {}, "configs": 1}
+
+
+@pytest.fixture
+def table(monkeypatch):
+    """Substitutes the committed auto table (``pipelines.auto_table.ENTRIES``) for a test."""
+    from pipelines import auto, auto_table
+
+    def use(*entries):
+        monkeypatch.setattr(auto_table, "ENTRIES", sorted(entries, key=lambda e: e["key"]))
+        mla.api.clear_caches()
+
+    yield use
+    auto.clear_caches()
+
+
+def widened(prob, columns):
+    """prob with its block_table padded to ``columns`` columns (unused slots: never read)."""
+    extra = columns - prob.block_table.shape[1]
+    prob.block_table = torch.cat([prob.block_table, prob.block_table[:, :1].expand(-1, extra)], 1).contiguous()
+    return prob
+
+
+class TestAutoResolution:
+    # problem(): b 3, page 64, s_q 1, h_q 16, longest request 300 keys: block_table 5 columns, capacity 320.
+    # fake_kernel: 2wg serves every page size, 3wg only 64.
+
+    def test_resolve_pipeline_reads_the_table_for_a_shape(self, fake_kernel, table):
+        table(entry("3wg"), entry("2wg", cap=4096))
+        resolve = mla.resolve_pipeline
+        shape = dict(page_size=64, seq_len_q=1, num_heads_q=16, num_heads_k=1, batch_size=3)
+        assert resolve("auto", **shape, max_pages=5) == "3wg"
+        assert resolve("auto", **shape, max_pages=64) == "2wg"  # capacity 4096
+        assert resolve("auto", **shape) == "3wg"  # width unknown: the first of the equally near keys
+        assert resolve("auto") == "2wg"  # no shape: the default
+        assert resolve("2wg", **shape, max_pages=5) == "2wg"  # a name is a name
+        # page 16: 3wg does not serve it (here), so auto runs the variant that does
+        assert resolve("auto", **dict(shape, page_size=16), max_pages=20) == "2wg"
+
+    def test_env_var_takes_precedence_over_the_table(self, fake_kernel, table, monkeypatch):
+        table(entry("3wg"))
+        prob = problem()
+        meta, splits = mla.get_mla_metadata(prob.cache_seqlens, 16, 1, num_sms=NUM_SMS)
+        monkeypatch.setenv("MLA_PIPELINE", "2wg")
+        assert mla.resolve_pipeline("auto", page_size=64, num_heads_q=16, batch_size=3, max_pages=5) == "2wg"
+        mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512, meta, splits)
+        dec = mla.MLADecoder(num_sms=NUM_SMS)
+        assert dec.variant == "2wg"
+        dec.plan(prob.cache_seqlens, num_heads_q=16)
+        dec.run(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens)
+        monkeypatch.delenv("MLA_PIPELINE")  # the same signature without the variable: the table's choice
+        mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512, meta, splits)
+        assert [c["variant"] for c in fake_kernel.calls] == ["2wg", "2wg", "3wg"]
+        # The variable names a variant that does not serve the page size: an error, not a fallback.
+        monkeypatch.setenv("MLA_PIPELINE", "3wg")
+        small = problem(page_size=16)
+        meta16, splits16 = mla.get_mla_metadata(small.cache_seqlens, 16, 1, num_sms=NUM_SMS)
+        with pytest.raises(ValueError, match="page_size"):
+            mla.flash_mla_with_kvcache(small.q, small.k_cache, small.block_table, small.cache_seqlens, 512, meta16,
+                                       splits16)
+
+    def test_flash_call_runs_the_choice_for_its_shape(self, fake_kernel, table, monkeypatch):
+        table(entry("3wg"), entry("2wg", cap=4096))
+        from pipelines import auto
+        looked_up = []
+        choose = auto.choose
+        monkeypatch.setattr(auto, "choose", lambda *a, **k: (looked_up.append(a), choose(*a, **k))[1])
+        prob = problem()
+        meta, splits = mla.get_mla_metadata(prob.cache_seqlens, 16, 1, num_sms=NUM_SMS)
+        for _ in range(3):
+            mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512, meta, splits)
+        assert len(looked_up) == 1  # once per signature: repeated calls are a dictionary lookup
+        widened(prob, 64)  # capacity 4096
+        mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512, meta, splits)
+        assert [c["variant"] for c in fake_kernel.calls] == ["3wg"] * 3 + ["2wg"]
+        small = problem(page_size=16)  # 3wg does not serve page 16: auto runs 2wg
+        meta16, splits16 = mla.get_mla_metadata(small.cache_seqlens, 16, 1, num_sms=NUM_SMS)
+        mla.flash_mla_with_kvcache(small.q, small.k_cache, small.block_table, small.cache_seqlens, 512, meta16, splits16)
+        assert fake_kernel.calls[-1]["variant"] == "2wg"
+        lazy, none = mla.get_mla_metadata(num_sms=NUM_SMS)  # the lazy plan: the same choice
+        prob = problem()
+        mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512, lazy, none)
+        assert fake_kernel.calls[-1]["variant"] == "3wg"
+
+    def test_decoder_loads_every_variant_auto_may_choose_and_picks_per_width(self, fake_kernel, table):
+        table(entry("3wg"), entry("2wg", cap=4096), entry("3wg", h_q=128))
+        prob = problem()
+        dec = mla.MLADecoder(num_sms=NUM_SMS)
+        assert dec.pipeline == "auto" and dec.variant is None
+        dec.plan(prob.cache_seqlens, num_heads_q=16)
+        assert dec.variants == ("2wg", "3wg")
+        assert {c[0] for c in fake_kernel.configs} == {"2wg", "3wg"}  # both loaded by plan, none by run
+        loaded = len(fake_kernel.configs)
+        assert dec.variant_for(prob.block_table) == "3wg"
+        out = torch.empty(3, 1, 16, 512, dtype=torch.bfloat16)
+        dec.run(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, out=out)
+        dec.run(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, out=out)
+        wide = widened(problem(), 64)
+        assert dec.variant_for(wide.block_table) == "2wg"
+        _, lse = dec.run(wide.q, wide.k_cache, wide.block_table, wide.cache_seqlens, out=out)
+        assert [c["variant"] for c in fake_kernel.calls] == ["3wg", "3wg", "2wg"]
+        assert len(fake_kernel.configs) == loaded
+        torch.testing.assert_close(lse, mla_decode_reference(prob.q, prob.k_cache, prob.block_table,
+                                                             prob.cache_seqlens)[1])
+        # Only one variant possible for the shape (here every key says 3wg for h_q 128): plan loads it alone.
+        big = problem(h_q=128)
+        dec.plan(big.cache_seqlens, num_heads_q=128)
+        assert dec.variants == ("3wg",)
+        # page 16: 3wg does not serve it; auto has only 2wg to load and run
+        small = problem(page_size=16)
+        dec.plan(small.cache_seqlens, num_heads_q=16, page_size=16)
+        assert dec.variants == ("2wg",)
+        dec.run(small.q, small.k_cache, small.block_table, small.cache_seqlens)
+        assert fake_kernel.calls[-1]["variant"] == "2wg"
+        # a named pipeline loads that variant only
+        named = mla.MLADecoder("3wg", num_sms=NUM_SMS)
+        named.plan(prob.cache_seqlens, num_heads_q=16)
+        assert named.variants == ("3wg",) and named.variant_for(wide.block_table) == "3wg"
+
+    def test_torch_op_resolves_auto_per_shape(self, fake_kernel, table):
+        table(entry("3wg"), entry("2wg", cap=4096))
+        prob = problem()
+        meta, splits = mla.get_mla_metadata(prob.cache_seqlens, 16, 1, num_sms=NUM_SMS)
+        b, s_q, h_q = 3, 1, 16
+
+        def args(p):
+            return [p.q, p.k_cache, p.block_table, p.cache_seqlens, meta, splits,
+                    torch.empty(b, s_q, h_q, 512, dtype=torch.bfloat16), torch.empty(b, h_q, s_q),
+                    torch.zeros(pipelines.workspace_numel(b, meta.shape[0], s_q * h_q)), 576 ** -0.5, False, "auto"]
+
+        torch.ops.mla.decode(*args(prob))
+        torch.ops.mla.decode(*args(widened(problem(), 64)))
+        assert [c["variant"] for c in fake_kernel.calls] == ["3wg", "2wg"]
+
+    @pytest.mark.parametrize("dynamic", [False, True])
+    def test_compiled_calls_choose_when_they_run(self, fake_kernel, table, dynamic):
+        """Under torch.compile a per-shape auto reaches torch.ops.mla.decode as "auto" and is chosen when
+        the op runs, on the concrete shapes: the same choice as eager, also for a block table whose width
+        is symbolic in the graph."""
+        torch._dynamo.reset()
+        torch._dynamo.utils.counters.clear()
+        table(entry("3wg"), entry("2wg", cap=4096))
+        prob = problem()
+        meta, splits = mla.get_mla_metadata(prob.cache_seqlens, 16, 1, num_sms=NUM_SMS)
+        dec = mla.MLADecoder(num_sms=NUM_SMS)
+        dec.plan(prob.cache_seqlens, num_heads_q=16)
+
+        def step(q, k_cache, block_table, cache_seqlens):
+            o1, _ = mla.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, meta, splits)
+            o2, _ = dec.run(q, k_cache, block_table, cache_seqlens)
+            return o1.float() + o2.float()
+
+        compiled = torch.compile(step, fullgraph=True, backend="eager")
+        if dynamic:  # block_table's width a symbol in the graph (what an engine slicing it per step gets)
+            torch._dynamo.mark_dynamic(prob.block_table, 1)
+        compiled(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens)
+        wide = widened(problem(), 64)
+        compiled(wide.q, wide.k_cache, wide.block_table, wide.cache_seqlens)
+        assert [c["variant"] for c in fake_kernel.calls] == ["3wg", "3wg", "2wg", "2wg"]
+        # with the width symbolic, one graph serves both widths: the choice did not specialise it
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == (1 if dynamic else 2)
+        torch._dynamo.reset()
+
+
+
 # ------------------------------------------------------------------------------------ validation
 
 def _noncontig_last(t):
