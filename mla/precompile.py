@@ -1,7 +1,7 @@
 """Compile a model configuration's decode kernels ahead, into the on-disk kernel cache.
 
     python -m mla.precompile [--dtype bf16 fp16] [--heads-q 128 64] [--seqlen-q 1 2] [--heads-k 1]
-                             [--page-size 64] [--pipeline 2wg] [--causal both|yes|no]
+                             [--page-size 64] [--pipeline 2wg|3wg|auto] [--causal both|yes|no]
                              [--multicast env|on|off|both] [--jobs N]
     python -m mla.precompile --list       # what the cache holds for this toolchain and these sources
     python -m mla.precompile --prune      # delete entries of other toolchains / older sources
@@ -9,7 +9,11 @@
 Every combination of the values given is one compiled entry (decode + merge kernels) keyed by
 (pipeline, dtype, h_q, s_q, page size, causal, h_kv, multicast cluster size); causal only exists
 for s_q > 1, where ``--causal both`` (default) compiles both; the cluster follows ``MLA_MULTICAST``
-unless ``--multicast`` says otherwise (configurations without a cluster are one entry either way). The split planner kernel (one entry for every
+unless ``--multicast`` says otherwise (configurations without a cluster are one entry either way).
+``pipeline="auto"`` may run either variant: the default (every pipeline with a kernel) covers it;
+``--pipeline auto`` compiles, per configuration, only the variants the auto table
+(``pipelines/auto_table.py``) may choose for it at any batch size and KV length (``MLA_PIPELINE``'s
+variant when that is set). The split planner kernel (one entry for every
 configuration; ``get_mla_metadata`` and ``MLADecoder.plan`` run it for CUDA lengths) comes along
 unless ``--no-planner``. A serving engine sharded over tensor-parallel degrees
 lists its per-GPU head counts (DeepSeek-V3's 128 heads: 128, 64, 32, 16 for TP 1, 2, 4, 8).
@@ -53,7 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="kv heads per GPU (h_kv); default: 1")
     parser.add_argument("--page-size", nargs="+", type=_positive, metavar="P",
                         help="default: every page size the pipeline supports")
-    parser.add_argument("--pipeline", nargs="+", help="default: every pipeline with a kernel")
+    parser.add_argument("--pipeline", nargs="+",
+                        help="default: every pipeline with a kernel (which covers auto). auto: per configuration, "
+                             "the variants pipeline='auto' may choose for it, at any batch size and KV length "
+                             "(MLA_PIPELINE's variant when that is set)")
     parser.add_argument("--causal", choices=sorted(_CAUSAL), default="both",
                         help="for s_q > 1: causal, non-causal or both (default)")
     parser.add_argument("--multicast", choices=("env", "on", "off", "both"), default="env",
@@ -75,52 +82,82 @@ def plan_configs(args: argparse.Namespace) -> tuple[list, list[str]]:
     """``(configs, skipped)``: the ``DecodeConfig`` of every valid combination, in a stable order, and
     one line per combination left out (and why). Raises ``ValueError`` for an unknown pipeline."""
     import pipelines
-    from pipelines.launch import DecodeConfig
-
-    from .validate import MAX_HEADS_PER_KV, MAX_S_Q
-
-    from pipelines import paged_kv
+    from pipelines import auto, paged_kv
 
     multicast = {"env": (paged_kv.multicast_enabled(),), "on": (True,), "off": (False,),
                  "both": (True, False)}[args.multicast]
     from pipelines.launch import partial_from_env
     partials = {"env": (partial_from_env(),), "float32": ("float32",), "input": ("input",),
                 "both": ("float32", "input")}[args.partial]
+    from . import api
+
     available = pipelines.available_variants()
-    variants = args.pipeline or available
-    for v in variants:
-        if v not in pipelines.VARIANTS:
-            raise ValueError(f"--pipeline must be among {pipelines.VARIANTS}, got {v!r}")
-        if v not in available:
+    names = args.pipeline or available
+    for v in names:
+        if v not in ("auto",) + tuple(pipelines.VARIANTS):
+            raise ValueError(f"--pipeline must be among {('auto',) + tuple(pipelines.VARIANTS)}, got {v!r}")
+        if v != "auto" and v not in available:
             raise ValueError(f"pipeline {v!r} has no kernel yet; pipelines with a kernel: {available}")
+    fixed = api.fixed_pipeline("auto") if "auto" in names else None  # MLA_PIPELINE: auto is that variant
+    if fixed is not None and fixed not in available:
+        raise ValueError(f"{api.PIPELINE_ENV_VAR}={fixed} (what auto means here) has no kernel yet; pipelines "
+                         f"with a kernel: {available}")
     configs, skipped = [], []
-    for variant in variants:
-        pages = args.page_size or list(pipelines.supported_page_sizes(variant))
+    for name in names:
+        if name == "auto":
+            pages = args.page_size or sorted({p for v in available for p in pipelines.supported_page_sizes(v)})
+        else:
+            pages = args.page_size or list(pipelines.supported_page_sizes(name))
         for dtype in dict.fromkeys(_DTYPES[d] for d in args.dtype):
             for h_q in args.heads_q:
                 for h_kv in args.heads_k:
                     for s_q in args.seqlen_q:
                         for page in pages:
-                            label = f"{variant} {dtype} h_q={h_q} h_kv={h_kv} s_q={s_q} page={page}"
-                            why = None
-                            if h_q % h_kv:
-                                why = "h_q is not a multiple of h_kv"
-                            elif h_q // h_kv > MAX_HEADS_PER_KV:
-                                why = f"h_q / h_kv > {MAX_HEADS_PER_KV}"
-                            elif s_q > MAX_S_Q:
-                                why = f"s_q > {MAX_S_Q}"
-                            elif page not in pipelines.supported_page_sizes(variant):
-                                why = f"page size not supported by {variant} {pipelines.supported_page_sizes(variant)}"
-                            if why:
-                                skipped.append(f"{label}: {why}")
-                                continue
-                            for causal in (_CAUSAL[args.causal] if s_q > 1 else (False,)):
-                                for mc in multicast:
-                                    for partial in partials:
-                                        for split in split_clusters():
-                                            configs.append(DecodeConfig.make(variant, dtype, h_q, s_q, page, causal,
-                                                                             h_kv, mc, partial, split))
+                            if name != "auto":
+                                variants = (name,)
+                            elif fixed is not None:
+                                variants = (fixed,)
+                            elif h_kv <= h_q and not h_q % h_kv:  # else skipped below, whatever the variant
+                                # every variant auto may choose for this configuration, any batch and length
+                                variants = auto.choices(page, s_q, h_q, h_kv, api.auto_candidates(page))
+                            else:
+                                variants = (api.DEFAULT_PIPELINE,)
+                            for variant in variants:
+                                configs += _variant_configs(variant, dtype, h_q, h_kv, s_q, page, args, multicast,
+                                                            partials, skipped)
     return list(dict.fromkeys(configs)), skipped
+
+
+def _variant_configs(variant, dtype, h_q, h_kv, s_q, page, args, multicast, partials, skipped) -> list:
+    """The DecodeConfigs of one variant and combination, or none (and a line in ``skipped``) when the
+    combination is invalid."""
+    import pipelines
+    from pipelines.launch import DecodeConfig
+
+    from .validate import MAX_HEADS_PER_KV, MAX_S_Q
+
+    configs = []
+    label = f"{variant} {dtype} h_q={h_q} h_kv={h_kv} s_q={s_q} page={page}"
+    why = None
+    if h_q % h_kv:
+        why = "h_q is not a multiple of h_kv"
+    elif h_q // h_kv > MAX_HEADS_PER_KV:
+        why = f"h_q / h_kv > {MAX_HEADS_PER_KV}"
+    elif s_q > MAX_S_Q:
+        why = f"s_q > {MAX_S_Q}"
+    elif page not in pipelines.supported_page_sizes(variant):
+        why = f"page size not supported by {variant} {pipelines.supported_page_sizes(variant)}"
+    if why:
+        if f"{label}: {why}" not in skipped:
+            skipped.append(f"{label}: {why}")
+        return configs
+    for causal in (_CAUSAL[args.causal] if s_q > 1 else (False,)):
+        for mc in multicast:
+            for partial in partials:
+                for split in split_clusters():
+                    configs.append(DecodeConfig.make(variant, dtype, h_q, s_q, page, causal, h_kv, mc, partial,
+                                                     split))
+    return configs
 
 
 def split_clusters() -> tuple[int, ...]:

@@ -55,6 +55,44 @@ def test_every_combination_once_causal_only_where_it_exists(monkeypatch):
     assert {c[0] for c in configs(["--page-size", "64"])[0]} == set(pipelines.available_variants())
 
 
+def test_auto_compiles_what_auto_may_choose(monkeypatch):
+    from pipelines import auto, auto_table
+
+    monkeypatch.setenv("MLA_SPLIT_CLUSTER", "1")
+    monkeypatch.setenv("MLA_MULTICAST", "1")
+    monkeypatch.delenv("MLA_PIPELINE", raising=False)
+    # page 64: 3wg at batch 1, 2wg at batch 128; page 16: 2wg everywhere
+    monkeypatch.setattr(auto_table, "ENTRIES", [
+        {"key": [16, 1, 16, 1, 8, 4096], "pipeline": "2wg", "geomean_us": {}, "configs": 1},
+        {"key": [64, 1, 16, 1, 1, 4096], "pipeline": "3wg", "geomean_us": {}, "configs": 1},
+        {"key": [64, 1, 16, 1, 128, 4096], "pipeline": "2wg", "geomean_us": {}, "configs": 1},
+        {"key": [64, 1, 128, 1, 128, 4096], "pipeline": "2wg", "geomean_us": {}, "configs": 1}])
+    auto.clear_caches()
+    try:
+        found, skipped = configs(["--pipeline", "auto", "--heads-q", "16", "128", "--page-size", "64", "16", "3"])
+        assert found == [("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32", 1),
+                         ("3wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32", 1),
+                         ("2wg", "bfloat16", 16, 1, 16, False, 1, 1, "float32", 1),
+                         ("2wg", "bfloat16", 128, 1, 64, False, 1, 2, "float32", 1),
+                         # batch 1 is nearer the batch-1 key than h_q 128 is to h_q 16 (batch comes first)
+                         ("3wg", "bfloat16", 128, 1, 64, False, 1, 2, "float32", 1),
+                         ("2wg", "bfloat16", 128, 1, 16, False, 1, 2, "float32", 1)]
+        assert skipped == ["2wg bfloat16 h_q=16 h_kv=1 s_q=1 page=3: page size not supported by 2wg "
+                           "(1, 2, 4, 8, 16, 32, 64, 128)", "2wg bfloat16 h_q=128 h_kv=1 s_q=1 page=3: page size "
+                           "not supported by 2wg (1, 2, 4, 8, 16, 32, 64, 128)"]
+        # auto beside a named pipeline: the union, once each
+        both = configs(["--pipeline", "auto", "3wg", "--heads-q", "16", "--page-size", "64"])[0]
+        assert [c[0] for c in both] == ["2wg", "3wg"]
+        # MLA_PIPELINE set: auto is that variant
+        monkeypatch.setenv("MLA_PIPELINE", "3wg")
+        assert [c[0] for c in configs(["--pipeline", "auto", "--heads-q", "16", "128", "--page-size", "64"])[0]] == [
+            "3wg", "3wg"]
+        monkeypatch.setenv("MLA_PIPELINE", "2wg")
+        assert [c[0] for c in configs(["--pipeline", "auto", "--heads-q", "16", "--page-size", "64"])[0]] == ["2wg"]
+    finally:
+        auto.clear_caches()
+
+
 def test_invalid_combinations_are_reported_not_compiled(monkeypatch):
     monkeypatch.setenv("MLA_SPLIT_CLUSTER", "1")
     found, skipped = configs(["--heads-q", "256", "6", "--heads-k", "1", "4", "--seqlen-q", "1", "5",
@@ -69,7 +107,7 @@ def test_invalid_combinations_are_reported_not_compiled(monkeypatch):
     monkeypatch.setattr(pipelines, "_WITH_KERNEL", ("2wg",))  # a variant without a kernel is refused
     with pytest.raises(ValueError, match="has no kernel yet"):
         configs(["--pipeline", "3wg"])
-    with pytest.raises(ValueError, match="--pipeline must be among"):
+    with pytest.raises(ValueError, match=r"--pipeline must be among \('auto', '2wg', '3wg'\)"):
         configs(["--pipeline", "4wg"])
     with pytest.raises(SystemExit):
         precompile.parse_args(["--heads-q", "0"])
