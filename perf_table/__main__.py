@@ -29,6 +29,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--out", help="JSON path, or an existing directory to write <device>_<date>_<commit>[_quick].json "
                                    "into (default: perf_table/results/)")
     run.add_argument("--commit", help="commit to record where the checkout has no .git (the GPU machine's copy)")
+    run.add_argument("--no-auto", dest="auto", action="store_false",
+                     help="no pipeline='auto' rows (by default every config that two pipelines run also times auto, "
+                          "the variant it resolves to recorded; python -m pipelines.auto --verify reads them)")
     eager = run.add_mutually_exclusive_group()
     eager.add_argument("--eager", dest="eager", action="store_true", default=None,
                        help="also time 300 back-to-back eager calls per config (default with --quick)")
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "run":
         try:
             return runner.main(quick=args.quick, pipeline=args.pipeline, out=args.out, replays=args.replays,
-                               page_sizes=args.page_sizes, commit=args.commit, eager=args.eager)
+                               page_sizes=args.page_sizes, commit=args.commit, eager=args.eager, auto=args.auto)
         except runner.PreflightError as exc:
             print(f"perf_table run: {exc}", file=sys.stderr)
             return 2

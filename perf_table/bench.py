@@ -83,7 +83,8 @@ def make_decode_fn(mla, variant: str, cfg: Config, inp: Inputs, num_sms: int | N
     ``mla.MLADecoder.plan`` does the host work (split plan, workspace) here, outside the timed
     region, as the anchors computed FlashMLA's scheduler metadata once; with ``out`` preallocated,
     ``run`` neither synchronises nor allocates, so it can be captured in a CUDA graph. ``num_sms``:
-    SM count to plan for (default: the device's).
+    SM count to plan for (default: the device's). ``variant`` may be ``"auto"``; the callable's
+    ``variant`` attribute names the variant it runs.
     """
     import torch
 
@@ -95,6 +96,7 @@ def make_decode_fn(mla, variant: str, cfg: Config, inp: Inputs, num_sms: int | N
     def call():
         decoder.run(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, out=out)
 
+    call.variant = decoder.variant_for(inp.block_table)  # the variant it runs (what "auto" chose)
     return call
 
 

@@ -64,7 +64,15 @@ INPUTS = {
     "causal": "s_q > 1",
     "multicast": "configs with a multicast cluster (pipelines.multicast_cluster > 1) run twice, MLA_MULTICAST=1 "
                  "then 0 (row field multicast true / false); null: no cluster for that config",
+    "order": "config by config; a config's rows back to back on the same input tensors: each pipeline on the "
+             "default path, then auto, then the multicast-off rows",
+    "auto": "pipeline 'auto' rows (where two pipelines are measured): mla.MLADecoder(pipeline='auto') with "
+            "MLA_PIPELINE unset, on each config's default path; 'resolved' names the variant it ran (on variant "
+            "rows: the variant); 'kv_capacity' = block_table.shape[1] * page_size, the length auto keys on "
+            "(block tables are sized to the batch's longest request)",
 }
+AUTO = "auto"  # the pipeline name of auto rows (pipelines.auto.AUTO)
+PIPELINE_ENV_VAR = "MLA_PIPELINE"  # mla.PIPELINE_ENV_VAR (unset while auto rows are timed)
 
 
 class PreflightError(Exception):
@@ -99,44 +107,53 @@ def select_variants(available: list[str], known: Iterable[str], requested: str |
 def build_plan(variants: list[str], supported_page_sizes: Callable[[str], tuple[int, ...]], quick: bool,
                page_sizes: Iterable[int] | None = None,
                multicast_cluster: Callable[[int, int], int] = lambda page_size, rows: 1,
-               ) -> list[tuple[str, grid.Config]]:
-    """(variant, config) pairs in run order: variant by variant, page size by page size.
+               auto: bool = True) -> list[tuple[str, grid.Config]]:
+    """(pipeline, config) pairs in run order: page size by page size, config by config (the grid's
+    order), a config's rows back to back (``run_one`` times them on the same inputs).
 
     A variant runs the grid's page sizes (64, 16, 1) that it supports, narrowed to ``page_sizes``
     when given. A config for which ``multicast_cluster(page_size, h_q * s_q)`` is a cluster (> 1)
-    runs twice, multicast on then off (the A/B pair, same inputs); the others once.
+    runs twice per variant, multicast on then off (the A/B pair); the others once. With ``auto``,
+    a config that two or more variants run also gets an ``"auto"`` row on its default path
+    (multicast on where there is a cluster): ``pipeline="auto"``'s choice, timed beside the variants
+    it chooses between. Per config: each variant's default-path row, the auto row, then each
+    variant's multicast-off row.
     """
     wanted = set(page_sizes) if page_sizes else set(grid.PAGE_SIZES)
+    pages_of = {v: set(grid.grid_page_sizes(tuple(supported_page_sizes(v)))) & wanted for v in variants}
     plan = []
-    for variant in variants:
-        pages = tuple(p for p in grid.grid_page_sizes(tuple(supported_page_sizes(variant))) if p in wanted)
-        configs = grid.quick_grid(pages) if quick else grid.full_grid(pages)
-        for cfg in configs:
-            if multicast_cluster(cfg.page_size, cfg.h_q * cfg.s_q) > 1:
-                plan.append((variant, dataclasses.replace(cfg, multicast=True)))
-                plan.append((variant, dataclasses.replace(cfg, multicast=False)))
-            else:
-                plan.append((variant, cfg))
+    for page in grid.PAGE_SIZES:
+        measured = [v for v in variants if page in pages_of[v]]
+        if not measured:
+            continue
+        for cfg in grid.quick_grid((page,)) if quick else grid.full_grid((page,)):
+            cluster = multicast_cluster(cfg.page_size, cfg.h_q * cfg.s_q) > 1
+            default = dataclasses.replace(cfg, multicast=True) if cluster else cfg
+            plan += [(v, default) for v in measured]
+            if auto and len(measured) >= 2:
+                plan.append((AUTO, default))
+            if cluster:
+                plan += [(v, dataclasses.replace(cfg, multicast=False)) for v in measured]
     return plan
 
 
-def _config_fields(variant: str, cfg: grid.Config) -> dict:
-    return {"pipeline": variant, "dtype": cfg.dtype, "page_size": cfg.page_size, "b": cfg.b, "s_q": cfg.s_q,
-            "h_q": cfg.h_q, "seqlen": cfg.seqlen, "varlen": cfg.varlen, "causal": cfg.causal,
-            "multicast": cfg.multicast}
+def _config_fields(variant: str, cfg: grid.Config, resolved: str | None = None) -> dict:
+    return {"pipeline": variant, "resolved": variant if variant != AUTO else resolved, "dtype": cfg.dtype,
+            "page_size": cfg.page_size, "b": cfg.b, "s_q": cfg.s_q, "h_q": cfg.h_q, "seqlen": cfg.seqlen,
+            "varlen": cfg.varlen, "causal": cfg.causal, "multicast": cfg.multicast, "kv_capacity": cfg.kv_capacity()}
 
 
 def measure_row(variant: str, cfg: grid.Config, total_kv_tokens: int, samples_us: list[float],
-                roofline: dict, eager: dict | None = None) -> dict:
+                roofline: dict, eager: dict | None = None, resolved: str | None = None) -> dict:
     """One row of the raw JSON from the replay times of a config: every figure the table shows.
     ``eager``: ``{"run_us": ..., "flash_us": ..., "plan_run_us": ...}`` eager wall times per call, when
-    measured (``plan_run_us`` may be absent)."""
+    measured (``plan_run_us`` may be absent). ``resolved``: the variant an ``"auto"`` row ran."""
     us = statistics.median(samples_us)
     nbytes = formulas.decode_bytes(cfg.b, cfg.s_q, cfg.h_q, total_kv_tokens, cfg.dtype)
     flops = formulas.decode_flops(cfg.s_q, cfg.h_q, total_kv_tokens)
     bound_us, bound = formulas.roofline_us(nbytes, flops, roofline["copy_gbps"], roofline["gemm_tflops"])
     ordered = sorted(samples_us)
-    row = _config_fields(variant, cfg)
+    row = _config_fields(variant, cfg, resolved)
     row.update({
         "total_kv_tokens": total_kv_tokens,
         "bytes": nbytes,
@@ -179,8 +196,9 @@ def run_plan(plan: list[tuple[str, grid.Config]], bench: Callable[[str, grid.Con
              device: str = "") -> list[dict]:
     """Time every (variant, config) of ``plan`` with ``bench``; one row each, failures included.
 
-    ``bench(variant, cfg)`` returns (total KV tokens, per-replay microseconds) or (total, replay
-    microseconds, eager times as ``measure_row`` takes them). An exception in one config is recorded
+    ``bench(variant, cfg)`` returns (total KV tokens, per-replay microseconds), optionally followed by
+    the eager times as ``measure_row`` takes them (or None) and a dict of extra facts (``"resolved"``:
+    the variant an auto row ran). An exception in one config is recorded
     as that row's error and the run goes on; once ``healthy()`` says the CUDA context is gone, the
     remaining configs are recorded as not run rather than as fake failures.
     ``after_each(rows)`` runs after every config with the rows so far.
@@ -194,11 +212,15 @@ def run_plan(plan: list[tuple[str, grid.Config]], bench: Callable[[str, grid.Con
             rows.append(error_row(variant, cfg, f"not run: CUDA context lost at {lost}"))
         else:
             try:
-                total, samples, *eager = bench(variant, cfg)
-                row = measure_row(variant, cfg, total, samples, roofline, eager[0] if eager else None)
+                total, samples, *rest = bench(variant, cfg)
+                eager = rest[0] if rest else None
+                extra = rest[1] if len(rest) > 1 else {}
+                row = measure_row(variant, cfg, total, samples, roofline, eager, extra.get("resolved"))
                 rows.append(row)
                 eager_note = (f" | eager run {row['eager_run_us']:.1f} us, flash {row['eager_flash_us']:.1f} us"
                               if row["eager_run_us"] is not None else "")
+                if variant == AUTO:
+                    eager_note = f" | ran {row['resolved']}" + eager_note
                 if row["eager_plan_run_us"] is not None:
                     eager_note += f", plan+flash {row['eager_plan_run_us']:.1f} us"
                 log(f"{head} {row['us']:9.1f} us {row['gbps']:6.0f} GB/s {row['tflops']:6.1f} TFLOP/s "
@@ -221,20 +243,41 @@ MULTICAST_ENV_VAR = "MLA_MULTICAST"  # pipelines.paged_kv.MULTICAST_ENV_VAR (per
 
 
 @contextlib.contextmanager
+def _env(name: str, value: str | None):
+    """Environment variable ``name`` set to ``value`` (None: unset) inside the block, restored after."""
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+@contextlib.contextmanager
 def multicast_env(multicast: bool | None):
     """``MLA_MULTICAST`` set to 1 / 0 for a config's A/B row (restored after); None leaves it alone."""
     if multicast is None:
         yield
         return
-    old = os.environ.get(MULTICAST_ENV_VAR)
-    os.environ[MULTICAST_ENV_VAR] = "1" if multicast else "0"
-    try:
+    with _env(MULTICAST_ENV_VAR, "1" if multicast else "0"):
         yield
-    finally:
-        if old is None:
-            del os.environ[MULTICAST_ENV_VAR]
-        else:
-            os.environ[MULTICAST_ENV_VAR] = old
+
+
+@contextlib.contextmanager
+def pipeline_env(variant: str):
+    """For an ``"auto"`` row, ``MLA_PIPELINE`` unset (auto's own choice is what is timed), restored
+    after; a named variant ignores the variable, so it is left alone."""
+    if variant != AUTO:
+        yield
+        return
+    with _env(PIPELINE_ENV_VAR, None):
+        yield
 
 
 def device_slug(name: str) -> str:
@@ -309,9 +352,11 @@ def _versions(torch) -> dict:
 
 
 def main(quick: bool = False, pipeline: str | None = None, out: str | None = None, replays: int = MIN_REPLAYS,
-         page_sizes: list[int] | None = None, commit: str | None = None, eager: bool | None = None) -> int:
+         page_sizes: list[int] | None = None, commit: str | None = None, eager: bool | None = None,
+         auto: bool = True) -> int:
     """Run the benchmark on the current GPU; returns the process exit code. ``eager`` (default: on
-    for ``quick``) also times back-to-back eager calls of each config (``EAGER_TIMING``)."""
+    for ``quick``) also times back-to-back eager calls of each config (``EAGER_TIMING``). ``auto``:
+    also time ``pipeline="auto"`` where two pipelines are measured (``build_plan``)."""
     import torch
 
     eager = quick if eager is None else eager
@@ -325,7 +370,7 @@ def main(quick: bool = False, pipeline: str | None = None, out: str | None = Non
         import mla
     except Exception as exc:  # noqa: BLE001
         raise PreflightError(f"cannot import mla (the public API being measured): {type(exc).__name__}: {exc}") from exc
-    plan = build_plan(variants, pipelines.supported_page_sizes, quick, page_sizes, pipelines.multicast_cluster)
+    plan = build_plan(variants, pipelines.supported_page_sizes, quick, page_sizes, pipelines.multicast_cluster, auto)
     if not plan:
         raise PreflightError(f"nothing to run: variants {variants} support page sizes "
                              f"{ {v: pipelines.supported_page_sizes(v) for v in variants} }, grid has {grid.PAGE_SIZES}")
@@ -370,24 +415,34 @@ def main(quick: bool = False, pipeline: str | None = None, out: str | None = Non
         save(rows_so_far + [error_row(variant, cfg, f"timed out after {CONFIG_TIMEOUT_S} s (hung?)")], False)
         os._exit(3)
 
+    shared = {}  # the current config's inputs: its rows (pipelines, auto, multicast off) time the same tensors
+
+    def inputs(cfg):
+        key = dataclasses.replace(cfg, multicast=None)
+        if key not in shared:
+            shared.clear()  # the previous config's tensors go before this one's are made
+            shared[key] = bench.make_inputs(cfg, seed=SEED)
+        return shared[key]
+
     def run_one(variant, cfg):
         timer = threading.Timer(CONFIG_TIMEOUT_S, hung, (variant, cfg))
         timer.daemon = True
         timer.start()
         try:
             # The switch is read at every launch, the graph capture's included: hold it for the whole config.
-            with multicast_env(cfg.multicast):
-                inp = bench.make_inputs(cfg, seed=SEED)
+            with multicast_env(cfg.multicast), pipeline_env(variant):
+                inp = inputs(cfg)
                 fn = bench.make_decode_fn(mla, variant, cfg, inp, num_sms=props.multi_processor_count)
                 samples = bench.time_graph(fn, replays, WARMUP_REPLAYS)
+                extra = {"resolved": fn.variant}
                 if not eager:
-                    return inp.total_kv_tokens, samples
+                    return inp.total_kv_tokens, samples, None, extra
                 flash = bench.make_flash_fn(mla, variant, cfg, inp, num_sms=props.multi_processor_count)
                 plan_flash = bench.make_plan_flash_fn(mla, variant, cfg, inp, num_sms=props.multi_processor_count)
                 timing = (EAGER_TIMING["eager_calls"], EAGER_TIMING["eager_warmup"], EAGER_TIMING["eager_rounds"])
                 times = {"run_us": bench.time_eager(fn, *timing), "flash_us": bench.time_eager(flash, *timing),
                          "plan_run_us": bench.time_eager(plan_flash, *timing)}
-                return inp.total_kv_tokens, samples, times
+                return inp.total_kv_tokens, samples, times, extra
         finally:
             timer.cancel()
 

@@ -118,11 +118,34 @@ def test_preflight_messages():
 def test_plan_follows_each_variants_page_sizes():
     pages = {"2wg": (64,), "3wg": (1, 16, 32, 64)}
     plan = runner.build_plan(["2wg", "3wg"], pages.__getitem__, quick=False)
-    assert len(plan) == 124 + 3 * 124
+    # page 64: both variants and auto; pages 16 and 1: 3wg alone, so no auto row (nothing to choose)
+    assert len(plan) == 124 + 3 * 124 + 124
     assert {c.page_size for v, c in plan if v == "2wg"} == {64}
+    assert {c.page_size for v, c in plan if v == "auto"} == {64}
     assert [c.page_size for v, c in plan if v == "3wg"][::124] == [64, 16, 1]  # grid order, 32 not in grid
+    # config by config: a config's rows back to back
+    assert [v for v, _ in plan[:6]] == ["2wg", "3wg", "auto"] * 2
+    assert plan[0][1] == plan[1][1] == plan[2][1] != plan[3][1]
     quick = runner.build_plan(["2wg", "3wg"], pages.__getitem__, quick=True, page_sizes=[16])
     assert [(v, c.page_size) for v, c in quick] == [("3wg", 16)] * 4
+    assert "auto" not in {v for v, _ in runner.build_plan(["2wg", "3wg"], pages.__getitem__, quick=False, auto=False)}
+    assert "auto" not in {v for v, _ in runner.build_plan(["3wg"], pages.__getitem__, quick=True)}
+
+
+def test_plan_times_auto_on_the_default_path_beside_both_variants():
+    import pipelines
+
+    pages = {"2wg": (1, 16, 64), "3wg": (1, 16, 64)}
+    plan = runner.build_plan(["2wg", "3wg"], pages.__getitem__, quick=False,
+                             multicast_cluster=pipelines.multicast_cluster)
+    auto_rows = [c for v, c in plan if v == "auto"]
+    assert len(auto_rows) == 3 * 124  # every config of the grid, once
+    assert all(c.multicast is not False for c in auto_rows)  # never the multicast-off half of an A/B pair
+    cluster = dataclasses.replace(Config(64, 8, 1, 128, 4096), multicast=True)
+    i = plan.index(("2wg", cluster))
+    off = dataclasses.replace(cluster, multicast=False)
+    assert plan[i:i + 5] == [("2wg", cluster), ("3wg", cluster), ("auto", cluster), ("2wg", off), ("3wg", off)]
+    assert len(plan) == 2 * (3 * 124 + 2 * (3 * 5 * 3 + 4)) + 3 * 124
 
 
 def test_plan_times_multicast_configs_twice():
@@ -331,6 +354,58 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, fake_planner, monkeypatch, t
     printed = capsys.readouterr().out
     assert "plan+flash 10.0 us" in printed
     assert "4 configs (quick)" in printed and "p16 b2 s1 h128 L100 mc-off" in printed and "FAILED RuntimeError: no kernel for h_q 32" in printed
+
+
+def test_main_times_auto_beside_both_pipelines(fake_kernel, fake_planner, monkeypatch, tmp_path):
+    """With both pipelines, each config also gets an auto row: MLADecoder(pipeline="auto") with
+    MLA_PIPELINE unset, the variant it ran recorded; a config's rows share one set of inputs."""
+    import os
+    import types
+
+    import mla
+    import pipelines
+    from pipelines import auto, auto_table
+
+    launched = []
+
+    def decode_launcher(variant, dtype, num_heads_q, *config, partial=None, split_cluster=1):
+        return lambda q, *args: launched.append((variant, num_heads_q, os.environ.get("MLA_PIPELINE")))
+
+    monkeypatch.setattr(pipelines, "decode_launcher", decode_launcher)
+    monkeypatch.setenv("MLA_PIPELINE", "2wg")  # set in the shell: auto rows must time auto's own choice
+    monkeypatch.setattr(auto_table, "ENTRIES", [
+        {"key": [64, 1, 16, 1, 2, 128], "pipeline": "3wg", "geomean_us": {}, "configs": 1},
+        {"key": [64, 1, 64, 1, 2, 128], "pipeline": "2wg", "geomean_us": {}, "configs": 1}])
+    mla.api.clear_caches()
+    monkeypatch.setattr(grid, "_QUICK_64", ((2, 1, 16, 100, False), (2, 1, 64, 100, False)))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace(
+        name="NVIDIA H200", multi_processor_count=132, major=9, minor=0, total_memory=141 * 2**30))
+    monkeypatch.setattr(bench, "measure_roofline", lambda: dict(ROOFLINE, gemm_n=8192))
+    made = []
+    make_inputs = bench.make_inputs
+    monkeypatch.setattr(bench, "make_inputs", lambda cfg, seed: (made.append(cfg), make_inputs(cfg, device="cpu",
+                                                                                             seed=seed))[1])
+    monkeypatch.setattr(bench, "time_graph", lambda fn, replays, warmup: (fn(), [10.0] * replays)[1])
+    monkeypatch.setattr(bench, "cuda_healthy", lambda: True)
+    try:
+        rc = runner.main(quick=True, page_sizes=[64], out=str(tmp_path), replays=100, commit="abc1234", eager=False)
+    finally:
+        auto.clear_caches()
+    assert rc == 0
+    (out,) = tmp_path.glob("*.json")
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["pipeline"], r["h_q"], r["resolved"]) for r in rows] == [
+        ("2wg", 16, "2wg"), ("3wg", 16, "3wg"), ("auto", 16, "3wg"),
+        ("2wg", 64, "2wg"), ("3wg", 64, "3wg"), ("auto", 64, "2wg")]
+    assert all(r["kv_capacity"] == 128 and r["error"] is None for r in rows)
+    assert [v for v, _, _ in launched] == ["2wg", "3wg", "3wg", "2wg", "3wg", "2wg"]
+    assert [env for v, _, env in launched] == ["2wg", "2wg", None, "2wg", "2wg", None]  # unset for auto only
+    assert os.environ["MLA_PIPELINE"] == "2wg"  # restored
+    assert [c.h_q for c in made] == [16, 64]  # one set of inputs per config
+    # the run file verifies (every auto row within 2% of the faster variant: the fake times are equal)
+    assert auto.print_verify(auto.verify(json.loads(out.read_text())), out.name) == 0
 
 
 def test_time_eager_is_wall_time_per_call_after_warmup():
