@@ -595,6 +595,38 @@ def test_regenerate_shows_multicast_pairs(fixture_results, tmp_path):
     assert {r["multicast"] for r in rows if r["run"] != "perf_h200_zz_mc.json"} == {""}
 
 
+def test_regenerate_shows_auto_rows(fixture_results, tmp_path):
+    """A run with 2wg, 3wg and auto rows: auto rows labelled with the variant they ran, the Auto line and
+    its table of slower configs, no auto line in the plot, the CSV's resolved and kv_capacity columns."""
+    run = json.loads((fixture_results / "perf_h200_quick.json").read_text())
+    (row,) = run["rows"]  # b128 s_q1 h_q128 4096, page 64
+
+    def at(pipeline, us, resolved, **change):
+        return dict(row, pipeline=pipeline, us=us, resolved=resolved, kv_capacity=4096, **change)
+
+    run.update(rows=[at("2wg", 200.0, "2wg"), at("3wg", 190.0, "3wg"), at("auto", 191.0, "3wg"),
+                     at("2wg", 20.0, "2wg", b=8), at("3wg", 22.0, "3wg", b=8), at("auto", 21.0, "2wg", b=8),
+                     at("2wg", 30.0, "2wg", b=32), at("auto", 30.0, "2wg", b=32)],  # one variant: not compared
+               date="2026-11-25T00:00:00Z", git={"commit": "5555555", "short": "5555555"})
+    (fixture_results / "perf_h200_zz_auto.json").write_text(json.dumps(run))
+    out = tmp_path / "out"
+    out.mkdir()
+    regenerate.regenerate(fixture_results, out_dir=out, log=lambda _: None, plots=False)
+    readme = (out / "README.md").read_text()
+    assert "| 128 | 1 | 128 | 4096 | auto (3wg) | 191.0 |" in readme and "| 128 | 1 | 128 | 4096 | 3wg | 190.0 |" in readme
+    assert ("2 configs, 1 within 2% of the faster variant, 1 slower; worst x1.050 (page 64 b8 s_q1 h_q128 4096)"
+            in readme)
+    assert "| 64 | 8 | 1 | 128 | 4096 | 2wg | 21.0 | 2wg | 20.0 | 1.050 | 5555555 |" in readme
+    assert "| auto | 64 | 3 |" in readme  # the summary has an auto line
+    views = regenerate.device_views(regenerate.load_runs(fixture_results))
+    assert "auto" not in {r["pipeline"] for r in regenerate.plottable(views["NVIDIA H200"].latest)}
+    rows = [r for r in csv.DictReader(io.StringIO((out / "table.csv").read_text())) if r["run"] == "perf_h200_zz_auto.json"]
+    assert [(r["pipeline"], r["resolved"], r["kv_capacity"]) for r in rows[:3]] == [
+        ("2wg", "2wg", "4096"), ("3wg", "3wg", "4096"), ("auto", "3wg", "4096")]
+    assert regenerate.AUTO_SLOWER == __import__("pipelines.auto").auto.SLOWER
+    assert regenerate.AUTO == runner.AUTO == __import__("pipelines.auto").auto.AUTO
+
+
 def test_duplicate_anchor_is_an_error(tmp_path):
     text = (anchors_mod.ANCHORS_DIR / "flashmla_h200_2026-11-21.csv").read_text()
     (tmp_path / "a.csv").write_text(text)
