@@ -604,7 +604,7 @@ class MLADecoder:
 
     ``pipeline="auto"`` (unless ``MLA_PIPELINE`` names a variant) chooses per shape: ``plan`` knows
     the page size, s_q, heads and batch size but not the block table, so it loads the kernel of
-    every variant the table may choose for them (``variants``: usually one), and ``run`` picks one
+    every variant the table may choose for them (``variants``: one or both), and ``run`` picks one
     per call signature from block_table's width (``variant_for``); a repeated signature costs the
     same dictionary lookup as with a named pipeline.
 
