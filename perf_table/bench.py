@@ -187,6 +187,50 @@ def time_graph(fn, replays: int = 100, warmup: int = 3) -> list[float]:
     return times
 
 
+def capture_graph(fn, warmup: int = 3):
+    """``fn`` run twice eagerly (the first call compiles), captured in one CUDA graph, replayed
+    ``warmup`` times untimed; returns the graph."""
+    import torch
+
+    fn()
+    fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    return graph
+
+
+def time_graphs_interleaved(graphs: dict, replays: int = 100, rounds: int | None = None) -> dict[str, list[float]]:
+    """Per-replay times in microseconds of several captured graphs (``{name: graph}``), measured in
+    ``rounds`` rounds (default two per graph) of ``ceil(replays / rounds)`` replays each, the order of
+    the graphs rotated every round, so that a drift in clocks or temperature during the measurement
+    (a compute-bound config slows down as the GPU heats) falls on every graph alike instead of on
+    whichever is timed last. Returns ``{name: samples}``, about ``replays`` samples each."""
+    import torch
+
+    names = list(graphs)
+    rounds = rounds or 2 * len(names)
+    per = -(-replays // rounds)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for name in names[shift:] + names[:shift]:
+            starts = [torch.cuda.Event(enable_timing=True) for _ in range(per)]
+            ends = [torch.cuda.Event(enable_timing=True) for _ in range(per)]
+            _backlog(torch, per)
+            for start, end in zip(starts, ends):
+                start.record()
+                graphs[name].replay()
+                end.record()
+            torch.cuda.synchronize()
+            samples[name] += [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+    return samples
+
+
 PLANNER_BATCHES = (1, 64, 128, 512, 1024)
 """Batch sizes ``python -m perf_table planner`` times by default (the issue's target is b = 128)."""
 

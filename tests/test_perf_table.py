@@ -9,6 +9,7 @@ import pathlib
 import shutil
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
@@ -318,7 +319,8 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, fake_planner, monkeypatch, t
     monkeypatch.setattr(bench, "measure_roofline", lambda: dict(ROOFLINE, gemm_n=8192))
     make_inputs = bench.make_inputs
     monkeypatch.setattr(bench, "make_inputs", lambda cfg, seed: make_inputs(cfg, device="cpu", seed=seed))
-    monkeypatch.setattr(bench, "time_graph", lambda fn, replays, warmup: (fn(), [10.0] * replays)[1])
+    monkeypatch.setattr(bench, "capture_graph", lambda fn, warmup: (fn(), object())[1])
+    monkeypatch.setattr(bench, "time_graphs_interleaved", lambda graphs, replays: {n: [10.0] * replays for n in graphs})
     eager_calls = []
     monkeypatch.setattr(bench, "time_eager", lambda fn, calls, warmup, rounds: (
         eager_calls.append((calls, warmup, rounds)), fn(), 7.0 + len(eager_calls))[2])
@@ -387,7 +389,8 @@ def test_main_times_auto_beside_both_pipelines(fake_kernel, fake_planner, monkey
     make_inputs = bench.make_inputs
     monkeypatch.setattr(bench, "make_inputs", lambda cfg, seed: (made.append(cfg), make_inputs(cfg, device="cpu",
                                                                                              seed=seed))[1])
-    monkeypatch.setattr(bench, "time_graph", lambda fn, replays, warmup: (fn(), [10.0] * replays)[1])
+    monkeypatch.setattr(bench, "capture_graph", lambda fn, warmup: (fn(), object())[1])
+    monkeypatch.setattr(bench, "time_graphs_interleaved", lambda graphs, replays: {n: [10.0] * replays for n in graphs})
     monkeypatch.setattr(bench, "cuda_healthy", lambda: True)
     try:
         rc = runner.main(quick=True, page_sizes=[64], out=str(tmp_path), replays=100, commit="abc1234", eager=False)
@@ -633,3 +636,35 @@ def test_duplicate_anchor_is_an_error(tmp_path):
     (tmp_path / "b.csv").write_text(text.splitlines()[0] + "\n" + text.splitlines()[1] + "\n")
     with pytest.raises(ValueError, match="duplicate FlashMLA anchor"):
         anchors_mod.load_anchors(tmp_path)
+
+
+def test_interleaved_rounds_rotate_the_order(monkeypatch):
+    """time_graphs_interleaved: every graph gets about `replays` samples, in rounds whose order is
+    rotated, so each graph is timed first, in the middle and last equally often."""
+    order = []
+
+    class Graph:
+        def __init__(self, name):
+            self.name = name
+
+        def replay(self):
+            order.append(self.name)
+
+    class Event:
+        def __init__(self, enable_timing):
+            pass
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 0.001
+
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event, synchronize=lambda: None))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setattr(bench, "_backlog", lambda torch, n: None)
+    samples = bench.time_graphs_interleaved({n: Graph(n) for n in "abc"}, replays=12)
+    assert {n: len(v) for n, v in samples.items()} == {"a": 12, "b": 12, "c": 12} and samples["a"][0] == 1.0
+    rounds = [order[i:i + 2] for i in range(0, len(order), 2)]  # 6 rounds x 3 graphs x 2 replays
+    firsts = [order[i] for i in range(0, len(order), 6)]
+    assert firsts == ["a", "b", "c", "a", "b", "c"] and len(rounds) == 18
