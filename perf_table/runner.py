@@ -40,7 +40,7 @@ SEED = 0
 TIMING = {
     "method": "CUDA graph of one mla.MLADecoder.run call (plan() once, outside the graph; out "
               "preallocated), replayed back to back behind a spin kernel; CUDA events around each "
-              "replay; median reported. The rows of one config (its pipelines and auto; its multicast-off "
+              "replay; median reported. All rows of one config (its pipelines, auto, its multicast-off "
               "pipelines) are captured together and replayed in interleaved rounds, the order rotated "
               "each round (2 rounds per row), so drift during the measurement falls on all of them alike",
     "eager_calls_before_capture": 2,
@@ -426,39 +426,42 @@ def main(quick: bool = False, pipeline: str | None = None, out: str | None = Non
             shared[key] = bench.make_inputs(cfg, seed=SEED)
         return shared[key]
 
-    # The rows of one config (its pipelines and auto, or its multicast-off pipelines) are timed
-    # together: each captured once, then replayed in interleaved rounds with the order rotated
-    # (bench.time_graphs_interleaved), so clock and temperature drift does not favour the row timed
-    # first. The first row of a group measures the group; the others take their samples from it.
+    # All rows of one config (its pipelines, auto, and the multicast-off pipelines: the same-run A/Bs)
+    # are timed together: each captured once, then replayed in interleaved rounds with the order
+    # rotated (bench.time_graphs_interleaved), so clock and temperature drift does not favour the row
+    # timed first. The first row of a group measures the group; the others take their samples from it.
+    def group_key(cfg):
+        return dataclasses.replace(cfg, multicast=None)
+
     group_of: dict = {}
     for v, c in plan:
-        group_of.setdefault(c, []).append(v)
-    measured: dict = {}  # the current group's {variant: (fn, samples) or exception}
+        group_of.setdefault(group_key(c), []).append((v, c))
+    measured: dict = {}  # the current group's {(variant, cfg): (fn, samples) or exception}
 
-    def measure_group(cfg):
+    def measure_group(key):
         measured.clear()
         graphs, fns = {}, {}
-        for v in group_of[cfg]:
+        for v, c in group_of[key]:
             try:
-                with multicast_env(cfg.multicast), pipeline_env(v):
-                    fns[v] = bench.make_decode_fn(mla, v, cfg, inputs(cfg), num_sms=props.multi_processor_count)
-                    graphs[v] = bench.capture_graph(fns[v], WARMUP_REPLAYS)
-            except Exception as exc:  # noqa: BLE001 - that variant's row records it
-                measured[v] = exc
+                with multicast_env(c.multicast), pipeline_env(v):
+                    fns[v, c] = bench.make_decode_fn(mla, v, c, inputs(c), num_sms=props.multi_processor_count)
+                    graphs[v, c] = bench.capture_graph(fns[v, c], WARMUP_REPLAYS)
+            except Exception as exc:  # noqa: BLE001 - that row records it
+                measured[v, c] = exc
         if graphs:
-            for v, samples in bench.time_graphs_interleaved(graphs, replays).items():
-                measured[v] = (fns[v], samples)
+            for vc, samples in bench.time_graphs_interleaved(graphs, replays).items():
+                measured[vc] = (fns[vc], samples)
         del graphs
+        measured["_key"] = key
 
     def run_one(variant, cfg):
-        timer = threading.Timer(CONFIG_TIMEOUT_S * len(group_of[cfg]), hung, (variant, cfg))
+        timer = threading.Timer(CONFIG_TIMEOUT_S * len(group_of[group_key(cfg)]), hung, (variant, cfg))
         timer.daemon = True
         timer.start()
         try:
-            if variant not in measured or measured.get("_cfg") != cfg:
-                measure_group(cfg)
-                measured["_cfg"] = cfg
-            result = measured[variant]
+            if measured.get("_key") != group_key(cfg) or (variant, cfg) not in measured:
+                measure_group(group_key(cfg))
+            result = measured[variant, cfg]
             if isinstance(result, Exception):
                 raise result
             fn, samples = result

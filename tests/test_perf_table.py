@@ -329,11 +329,14 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, fake_planner, monkeypatch, t
     rc = runner.main(quick=True, pipeline="2wg", page_sizes=[16], out=str(tmp_path), replays=100, commit="abc1234")
     assert rc == 1  # one config failed
     (out,) = tmp_path.glob("nvidia-h200_20*-*-*_abc1234_quick.json")  # --out DIR: the usual name inside
-    # Each config: one graph capture's call and the three eager timings' calls (quick runs time eager
-    # calls), all under the config's multicast switch; the plan+flash timing plans on the device
+    # Each row: one graph capture's call and the three eager timings' calls (quick runs time eager
+    # calls), all under the row's multicast switch; the plan+flash timing plans on the device
     # every call (the fake planner: the kernel's model).
-    assert launched == ([("2wg", (2, 1, 16, 576), None)] * 4 + [("2wg", (2, 1, 128, 576), "1")] * 4
-                        + [("2wg", (2, 1, 128, 576), "0")] * 4)
+    # The multicast on/off rows of a config are one timing group: both captured, then each row's
+    # eager timings.
+    assert launched == ([("2wg", (2, 1, 16, 576), None)] * 4 + [("2wg", (2, 1, 128, 576), "1")]
+                        + [("2wg", (2, 1, 128, 576), "0")] + [("2wg", (2, 1, 128, 576), "1")] * 3
+                        + [("2wg", (2, 1, 128, 576), "0")] * 3)
     assert eager_calls == [(300, 20, 3)] * 9
     # Per config: MLADecoder.plan, make_flash_fn's metadata (both once, outside the timing) and the
     # plan+flash call: the fake planner makes CPU lengths count as on the device for all three.
