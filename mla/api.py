@@ -211,10 +211,12 @@ class PlanInfo:
     """Host-side facts about a plan, kept so later calls can check against them without a sync.
 
     ``max_seqlen`` is None for a device plan: the lengths never reached the host, so block_table's
-    width cannot be checked against the longest sequence.
+    width cannot be checked against the longest sequence. ``split_cluster``: the split-cluster size
+    the plan was made for (``split_k.planner.split_cluster``), checked against the launch's.
     """
     max_seqlen: int | None
     num_parts: int
+    split_cluster: int = 1
 
 
 def _check_device_plan(cache_seqlens: torch.Tensor, num_parts: int) -> None:
@@ -243,7 +245,7 @@ def _plan_into(cache_seqlens: torch.Tensor, num_parts: int, mode: str, metadata:
         host_metadata, host_num_splits = planner.plan_clustered(lengths, num_parts, cluster)
         metadata.copy_(host_metadata)
         num_splits.copy_(host_num_splits)
-        return PlanInfo(max(lengths, default=0), num_parts)
+        return PlanInfo(max(lengths, default=0), num_parts, cluster)
     if cache_seqlens.shape[0] == 0:  # nothing to scan: every part empty (no kernel for an empty tensor)
         metadata.zero_()
         metadata[:, planner.END_REQ] = -1
@@ -252,7 +254,7 @@ def _plan_into(cache_seqlens: torch.Tensor, num_parts: int, mode: str, metadata:
         if cache_seqlens.stride(0) != 1:  # b == 1: any stride addresses the same element
             cache_seqlens = cache_seqlens.as_strided((1,), (1,))
         pipelines.run_planner(cache_seqlens, metadata, num_splits, cluster)
-    return PlanInfo(None, num_parts)
+    return PlanInfo(None, num_parts, cluster)
 
 
 def _plan(cache_seqlens: torch.Tensor, rows_per_kv: int, h_kv: int, num_sms: int, device: torch.device,
@@ -450,6 +452,20 @@ def _flash_key(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v, til
             None if out is None else (out.shape, out.stride(), out.dtype), plan)
 
 
+def _check_split_cluster(info: PlanInfo | None, shape: validate.DecodeShape, num_parts: int) -> None:
+    """A plan made for one split-cluster size must not be launched with another (it would be read in
+    the wrong units): checked wherever the plan's ``PlanInfo`` is known (metadata from
+    ``get_mla_metadata``; not for a copy, e.g. a graph's static buffer)."""
+    if info is None:
+        return
+    cluster = planner.split_cluster(shape.batch_size, num_parts)
+    if cluster != info.split_cluster:
+        raise ValueError(
+            f"tile_scheduler_metadata was planned for split clusters of {info.split_cluster} and this call "
+            f"would launch {cluster} ({planner.SPLIT_CLUSTER_ENV_VAR} changed since get_mla_metadata); plan "
+            f"again, or keep {planner.SPLIT_CLUSTER_ENV_VAR} as it was")
+
+
 def _check_flash_call(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
                       num_splits, softmax_scale, causal, out, *, launcher: bool = True) -> _Call:
     """Every check of a ``flash_mla_with_kvcache`` call; resolves ``pipeline`` for the call's shape
@@ -473,6 +489,7 @@ def _check_flash_call(pipeline, q, k_cache, block_table, cache_seqlens, head_dim
     # the metadata (e.g. into a graph's static buffer).
     if info is not None and info.max_seqlen is not None:
         validate.check_block_table_width(shape.max_pages, shape.page_size, info.max_seqlen)
+    _check_split_cluster(info, shape, tile_scheduler_metadata.shape[0])
     launch = _launcher(variant, shape, tile_scheduler_metadata.shape[0]) if launcher else None
     return _Call(variant, launch, (shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V), (shape.batch_size, shape.h_q, shape.s_q),
                  _workspace_numel(shape, tile_scheduler_metadata.shape[0]), shape.dtype, shape.device,

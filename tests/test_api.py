@@ -709,3 +709,21 @@ def test_split_cluster_env_var_is_checked(fake_kernel, monkeypatch):
     prob = problem()
     with pytest.raises(ValueError, match="MLA_SPLIT_CLUSTER must be"):
         mla.get_mla_metadata(prob.cache_seqlens, 16, 1, num_sms=NUM_SMS)
+
+
+def test_split_cluster_change_between_plan_and_call_is_refused(fake_kernel, monkeypatch):
+    """Metadata planned without split clusters, then MLA_SPLIT_CLUSTER set before the decode call:
+    the launch would read the plan in the wrong units, so the call says so instead (host plans and
+    device plans alike carry the size they were made for)."""
+    prob = problem(seqlens=(700, 0, 2, 1500))
+    meta, splits = mla.get_mla_metadata(prob.cache_seqlens, 16, 1, num_sms=NUM_SMS)
+    monkeypatch.setenv("MLA_SPLIT_CLUSTER", "8")
+    with pytest.raises(ValueError, match="planned for split clusters of 1 and this call would launch 8"):
+        mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512, meta, splits)
+    assert not fake_kernel.calls
+    sched, _ = mla.get_mla_metadata(num_sms=NUM_SMS)
+    monkeypatch.delenv("MLA_SPLIT_CLUSTER")
+    mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512, sched, None)
+    monkeypatch.setenv("MLA_SPLIT_CLUSTER", "4")
+    with pytest.raises(ValueError, match="planned for split clusters of 1 and this call would launch 4"):
+        mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512, sched, None)
