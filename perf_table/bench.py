@@ -165,15 +165,7 @@ def time_graph(fn, replays: int = 100, warmup: int = 3) -> list[float]:
     """
     import torch
 
-    fn()
-    fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
+    graph = capture_graph(fn, warmup)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
     _backlog(torch, replays)

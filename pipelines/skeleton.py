@@ -383,6 +383,22 @@ class MLADecodeBase:
                         else:
                             mLSE[row, kv_head, r] = row_lse[i]
 
+    @cute.jit
+    def store_chunk(self, acc: cute.Tensor, tiled_mma: cute.TiledMma, wg_tidx: Int32, math_tidx: Int32,
+                    row_inv: cute.Tensor, row_lse: cute.Tensor, write_lse: cutlass.Constexpr[bool],
+                    col0: cutlass.Constexpr[int], m_block: Int32, kv_head: Int32, r: Int32, is_split,
+                    split_idx: Int32, mO: cute.Tensor, mLSE: cute.Tensor, mOaccum: cute.Tensor,
+                    mLSEaccum: cute.Tensor, storage):
+        """A math warpgroup's chunk epilogue: its 256 columns stored directly (``store_rows``), or in a
+        split cluster combined with the other ranks first (``cluster_epilogue``). ``math_tidx``: the
+        thread's index among the CTA's 256 math threads; ``write_lse``: this warpgroup holds the lse."""
+        if const_expr(self.split_cluster > 1):
+            self.cluster_epilogue(acc, tiled_mma, wg_tidx, math_tidx, row_inv, row_lse, write_lse, col0, m_block,
+                                  kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
+        else:
+            self.store_rows(acc, tiled_mma, wg_tidx, row_inv, row_lse, write_lse, col0, m_block, kv_head, r,
+                            is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum)
+
     # ------------------------------------------------------- split cluster
     @cute.jit
     def cluster_epilogue(self, acc: cute.Tensor, tiled_mma: cute.TiledMma, wg_tidx: Int32, math_tidx: Int32,

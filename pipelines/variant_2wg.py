@@ -147,12 +147,8 @@ class MLADecode2WG(MLADecodeBase):
                 for i in cutlass.range_constexpr(n_rows_thr):
                     s_row_inv[tScS[i, 0][0]] = row_inv[i]
             cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
-            if const_expr(self.split_cluster > 1):
-                self.cluster_epilogue(acc_o, mma_pv_rs, wg_tidx, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head,
-                                      r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
-            else:
-                self.store_rows(acc_o, mma_pv_rs, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head, r, is_split,
-                                split_idx, mO, mLSE, mOaccum, mLSEaccum)
+            self.store_chunk(acc_o, mma_pv_rs, wg_tidx, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head, r,
+                             is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
         # Pairs WG1's last P_EMPTY arrive so no arrival is left pending at exit.
         cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
 
@@ -243,9 +239,5 @@ class MLADecode2WG(MLADecodeBase):
             for i in cutlass.range_constexpr(n_rows_thr):
                 row_inv[i] = s_row_inv[tOcO[i, 0][0]]
             cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-            if const_expr(self.split_cluster > 1):
-                self.cluster_epilogue(acc_o, mma_pv_ss, wg_tidx, wg_tidx + 128, row_inv, row_inv, False, HALF, m_block,
-                                      kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
-            else:
-                self.store_rows(acc_o, mma_pv_ss, wg_tidx, row_inv, row_inv, False, HALF, m_block, kv_head, r, is_split,
-                                split_idx, mO, mLSE, mOaccum, mLSEaccum)
+            self.store_chunk(acc_o, mma_pv_ss, wg_tidx, wg_tidx + 128, row_inv, row_inv, False, HALF, m_block,
+                             kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)

@@ -351,12 +351,8 @@ class MLADecode3WG(MLADecodeBase):
                 for i in cutlass.range_constexpr(n_rows_thr):
                     s_row_inv[tScS[i, 0][0]] = row_inv[i]
             p_full.arrive()
-            if const_expr(self.split_cluster > 1):
-                self.cluster_epilogue(acc_o, mma_pv_ss, wg_tidx, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head,
-                                      r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
-            else:
-                self.store_rows(acc_o, mma_pv_ss, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head, r, is_split,
-                                split_idx, mO, mLSE, mOaccum, mLSEaccum)
+            self.store_chunk(acc_o, mma_pv_ss, wg_tidx, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head, r,
+                             is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
         # Pairs WG2's last P_EMPTY arrive so no arrival is left pending at exit.
         p_empty.arrive_and_wait()
 
@@ -403,9 +399,5 @@ class MLADecode3WG(MLADecodeBase):
             for i in cutlass.range_constexpr(n_rows_thr):
                 row_inv[i] = s_row_inv[tOcO[i, 0][0]]
             p_empty.arrive()
-            if const_expr(self.split_cluster > 1):
-                self.cluster_epilogue(acc_o, mma_pv_ss, wg_tidx, wg_tidx + WG_THREADS, row_inv, row_inv, False, HALF,
-                                      m_block, kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
-            else:
-                self.store_rows(acc_o, mma_pv_ss, wg_tidx, row_inv, row_inv, False, HALF, m_block, kv_head, r, is_split,
-                                split_idx, mO, mLSE, mOaccum, mLSEaccum)
+            self.store_chunk(acc_o, mma_pv_ss, wg_tidx, wg_tidx + WG_THREADS, row_inv, row_inv, False, HALF, m_block,
+                             kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
