@@ -393,12 +393,12 @@ def _workspace_numel(shape: validate.DecodeShape, num_parts: int) -> int:
     return pipelines.workspace_numel(shape.batch_size, num_parts, shape.s_q * shape.h_q)
 
 
-def _launcher(variant: str, shape: validate.DecodeShape, num_parts: int, partial_dtype=None):
-    """The compiled decode for this shape and a plan of ``num_parts`` parts (which, with the batch
-    size, fixes the plan's split cluster: ``split_k.planner.split_cluster``)."""
+def _launcher(variant: str, shape: validate.DecodeShape, split_cluster: int, partial_dtype=None):
+    """The compiled decode for this shape and a plan made for ``split_cluster``
+    (``split_k.planner.split_cluster``; ``PlanInfo.split_cluster`` of the plan)."""
     return pipelines.decode_launcher(variant, shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal,
                                      shape.h_kv, partial=partial_dtype,
-                                     split_cluster=planner.split_cluster(shape.batch_size, num_parts))
+                                     split_cluster=split_cluster)
 
 
 @dataclass(frozen=True)
@@ -452,18 +452,18 @@ def _flash_key(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v, til
             None if out is None else (out.shape, out.stride(), out.dtype), plan)
 
 
-def _check_split_cluster(info: PlanInfo | None, shape: validate.DecodeShape, num_parts: int) -> None:
-    """A plan made for one split-cluster size must not be launched with another (it would be read in
-    the wrong units): checked wherever the plan's ``PlanInfo`` is known (metadata from
-    ``get_mla_metadata``; not for a copy, e.g. a graph's static buffer)."""
-    if info is None:
-        return
+def _call_split_cluster(info: PlanInfo | None, shape: validate.DecodeShape, num_parts: int) -> int:
+    """The split-cluster size a call with a plan of ``num_parts`` parts launches
+    (``split_k.planner.split_cluster``). A plan made for another size must not be launched with this
+    one (it would be read in the wrong units): checked wherever the plan's ``PlanInfo`` is known
+    (metadata from ``get_mla_metadata``; not for a copy, e.g. a graph's static buffer)."""
     cluster = planner.split_cluster(shape.batch_size, num_parts)
-    if cluster != info.split_cluster:
+    if info is not None and cluster != info.split_cluster:
         raise ValueError(
             f"tile_scheduler_metadata was planned for split clusters of {info.split_cluster} and this call "
             f"would launch {cluster} ({planner.SPLIT_CLUSTER_ENV_VAR} changed since get_mla_metadata); plan "
             f"again, or keep {planner.SPLIT_CLUSTER_ENV_VAR} as it was")
+    return cluster
 
 
 def _check_flash_call(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
@@ -489,8 +489,8 @@ def _check_flash_call(pipeline, q, k_cache, block_table, cache_seqlens, head_dim
     # the metadata (e.g. into a graph's static buffer).
     if info is not None and info.max_seqlen is not None:
         validate.check_block_table_width(shape.max_pages, shape.page_size, info.max_seqlen)
-    _check_split_cluster(info, shape, tile_scheduler_metadata.shape[0])
-    launch = _launcher(variant, shape, tile_scheduler_metadata.shape[0]) if launcher else None
+    cluster = _call_split_cluster(info, shape, tile_scheduler_metadata.shape[0])
+    launch = _launcher(variant, shape, cluster) if launcher else None
     return _Call(variant, launch, (shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V), (shape.batch_size, shape.h_q, shape.s_q),
                  _workspace_numel(shape, tile_scheduler_metadata.shape[0]), shape.dtype, shape.device,
                  shape.softmax_scale, shape)
@@ -726,7 +726,7 @@ class MLADecoder:
         # The first plan of a configuration loads (or compiles) its kernel; later ones, captured
         # in a CUDA graph included, find it in memory.
         cluster = planner.split_cluster(b, parts)
-        launches = {v: _launcher(v, shape, parts, self._partial) for v in variants}  # ValueError: partial_dtype
+        launches = {v: _launcher(v, shape, cluster, self._partial) for v in variants}  # ValueError: partial_dtype
         reuse = self._reusable(shape, parts)
         if reuse:
             metadata, num_splits = self.tile_scheduler_metadata, self.num_splits
@@ -781,7 +781,8 @@ class MLADecoder:
             shape.page_size, shape.s_q, shape.h_q, shape.h_kv, shape.batch_size, shape.max_pages)
         launch = self._launches.get(variant)
         if launch is None:  # plan loads every variant auto may choose (auto.choices): not expected
-            launch = self._launches[variant] = _launcher(variant, self._planned, self._info.num_parts, self._partial)
+            launch = self._launches[variant] = _launcher(variant, self._planned, self._info.split_cluster,
+                                                                 self._partial)
         return launch
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,

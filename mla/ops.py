@@ -48,9 +48,9 @@ def _check(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_
     variant = api._shape_variant(fixed, shape)  # "auto": the table's choice for this call's shape
     validate.check_metadata(tile_scheduler_metadata, num_splits, shape.batch_size, shape.device)
     validate.check_workspace(workspace, api._workspace_numel(shape, tile_scheduler_metadata.shape[0]), shape.device)
-    api._check_split_cluster(getattr(tile_scheduler_metadata, "_mla_plan_info", None), shape,
-                             tile_scheduler_metadata.shape[0])
-    return api._launcher(variant, shape, tile_scheduler_metadata.shape[0]) if launcher else None
+    cluster = api._call_split_cluster(getattr(tile_scheduler_metadata, "_mla_plan_info", None), shape,
+                                      tile_scheduler_metadata.shape[0])
+    return api._launcher(variant, shape, cluster) if launcher else None
 
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
