@@ -295,6 +295,18 @@ class MLADecodeBase:
         return seqlen, n_blocks, start, stop, is_split, split_base + split_no
 
     @cute.jit
+    def empty_row_lse(self, is_split) -> Float32:
+        """The lse of a row that saw no key in this CTA's chunk: +inf for a final output (FlashMLA's
+        convention), -inf where it is merged further (a split partial, or one rank's share in a split
+        cluster), so that the merge weighs it 0."""
+        empty_lse = Float32.inf
+        if const_expr(self.split_cluster > 1):
+            empty_lse = -Float32.inf
+        if is_split:
+            empty_lse = -Float32.inf
+        return empty_lse
+
+    @cute.jit
     def cluster_rank(self) -> Int32:
         """This CTA's rank in its split cluster (the cluster spans grid y only)."""
         return cute.arch.block_idx_in_cluster()

@@ -339,13 +339,7 @@ class MLADecode3WG(MLADecodeBase):
 
             row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
             row_lse = cute.make_rmem_tensor(n_rows_thr, Float32)
-            empty_lse = Float32.inf
-            # A split partial, or one rank's share in a split cluster: an empty row weighs 0.
-            if const_expr(self.split_cluster > 1):
-                empty_lse = -Float32.inf
-            if is_split:
-                empty_lse = -Float32.inf
-            softmax.finalize_rows(row_max, row_sum, row_inv, row_lse, scale_log2, empty_lse)
+            softmax.finalize_rows(row_max, row_sum, row_inv, row_lse, scale_log2, self.empty_row_lse(is_split))
             p_empty.arrive_and_wait()
             if wg_tidx % 4 == 0:
                 for i in cutlass.range_constexpr(n_rows_thr):
