@@ -451,15 +451,13 @@ def main(quick: bool = False, pipeline: str | None = None, out: str | None = Non
         if graphs:
             for vc, samples in bench.time_graphs_interleaved(graphs, replays).items():
                 measured[vc] = (fns[vc], samples)
-        del graphs
-        measured["_key"] = key
 
     def run_one(variant, cfg):
         timer = threading.Timer(CONFIG_TIMEOUT_S * len(group_of[group_key(cfg)]), hung, (variant, cfg))
         timer.daemon = True
         timer.start()
         try:
-            if measured.get("_key") != group_key(cfg) or (variant, cfg) not in measured:
+            if (variant, cfg) not in measured:  # the first row of its group (measure_group clears the last)
                 measure_group(group_key(cfg))
             result = measured[variant, cfg]
             if isinstance(result, Exception):
