@@ -82,6 +82,7 @@ PROMISES = {
     "2wg": dict(need=("HGMMA", "UTMALDG"), forbid=("LDL", "STL", "USETMAXREG")),
     "3wg": dict(need=("HGMMA", "UTMALDG", "USETMAXREG"), forbid=("LDL", "STL"),
                 registers=168),  # = pipelines.variant_3wg.ENTRY_REGISTERS (that module imports the DSL)
+    "seesaw": dict(need=("HGMMA", "UTMALDG"), forbid=("LDL", "STL", "USETMAXREG")),
 }
 
 # (dtype, h_q, s_q, causal, page_size, multicast) of the decode kernels checked per variant: a 2-CTA

@@ -5,7 +5,7 @@ it maps a variant name to its kernel driver. It never imports ``mla``.
 """
 from __future__ import annotations
 
-VARIANTS = ("2wg", "3wg")
+VARIANTS = ("2wg", "3wg", "seesaw")
 
 # Variants whose kernel exists. Every kernel loads K through the skeleton's paged-KV loaders, so each
 # serves every page size of ``pipelines.paged_kv.PAGE_SIZES`` (the one place they are stated).
@@ -13,7 +13,7 @@ VARIANTS = ("2wg", "3wg")
 # mbarrier.test_wait, so its warps could issue different wgmma in chunks of 2+ tiles ("illegal
 # instruction" on an H200); the choice is now OR-reduced over the warpgroup. After that fix it passed
 # scripts/diag_3wg.py (15 of 15 cases, H200, 2026-11-22) and is registered.
-_WITH_KERNEL = ("2wg", "3wg")
+_WITH_KERNEL = ("2wg", "3wg", "seesaw")
 
 
 def available_variants() -> list[str]:

@@ -99,6 +99,9 @@ def _kernel_class(variant: str):
     if variant == "3wg":
         from pipelines.variant_3wg import MLADecode3WG
         return MLADecode3WG
+    if variant == "seesaw":
+        from pipelines.variant_seesaw import MLADecodeSeesaw
+        return MLADecodeSeesaw
     raise NotImplementedError(f"pipeline {variant!r} has no kernel yet")
 
 

@@ -50,6 +50,7 @@ leaves 2 idle, and the CTAs that do not fit run as a second wave, which costs fa
 traffic a cluster of 4 saves over a cluster of 2 (the KV bytes come from HBM once either way)."""
 
 TILE_TOKENS = 64  # tokens per K tile (BLOCK_N of the kernels)
+COL_BLOCK = 64  # columns of one 128B-swizzle atom of a bf16/fp16 tile: the unit of a column group
 
 
 def check_page_size(page_size: int) -> None:
@@ -113,9 +114,13 @@ class PagedKVLoader:
 
     producer_warps: int
 
-    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1):
+    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
+                 by_columns: bool = False):
         check_page_size(page_size)
         self.dtype = dtype
+        # by_columns: ``load_tile`` takes ``cols``, the 64-column blocks of the tile to load (the seesaw
+        # pipeline fills a stage in two column groups, each completing on its own barrier).
+        self.by_columns = by_columns
         self.page_size = page_size
         self.head_dim = head_dim
         self.stages = stages
@@ -169,8 +174,9 @@ class TmaPagedKV(PagedKVLoader):
       to "TMA issued". Without it, ``load_tile`` reads it itself.
     """
 
-    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1):
-        super().__init__(dtype, page_size, head_dim, stages, cluster)
+    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
+                 by_columns: bool = False):
+        super().__init__(dtype, page_size, head_dim, stages, cluster, by_columns)
         if page_size not in TMA_PAGE_SIZES:
             raise ValueError(f"TMA loader serves page sizes {TMA_PAGE_SIZES}, got {page_size}")
         if TILE_TOKENS % cluster:
@@ -195,18 +201,27 @@ class TmaPagedKV(PagedKVLoader):
         the stage's strides (a box lands inside the stage tile, not as a compact tile of its own).
         """
         outer = cute.composition(sK_layout.outer,
-                                 cute.make_layout((self.box_rows, self.head_dim), stride=(1, TILE_TOKENS)))
+                                 cute.make_layout((self.box_rows, self.box_cols()), stride=(1, TILE_TOKENS)))
         return cute.make_composed_layout(sK_layout.inner, 0, outer)
+
+    def box_cols(self) -> int:
+        """Columns of one copy: the whole 576 (the DSL splits it into 64-column TMA instructions), or
+        one 64-column block when the tile is loaded by column groups."""
+        return COL_BLOCK if self.by_columns else self.head_dim
 
     def make_tma(self, mK, sK_layout):
         """(atom, TMA view of mK) for boxes of this loader (call inside the host ``@cute.jit``)."""
         op = cpasync.CopyBulkTensorTileG2SMulticastOp() if const_expr(self.cluster > 1) \
             else cpasync.CopyBulkTensorTileG2SOp()
-        return cpasync.make_tiled_tma_atom(op, mK, self.box_smem_layout(sK_layout), (self.box_rows, self.head_dim))
+        return cpasync.make_tiled_tma_atom(op, mK, self.box_smem_layout(sK_layout), (self.box_rows, self.box_cols()))
 
-    def make_pipeline(self, barrier_ptr, consumer_warps: int):
+    def make_pipeline(self, barrier_ptr, consumer_warps: int, tx_bytes=None):
         """K stages: one producer arrive (with the tile's byte count) per stage and CTA; each consumer
-        warp releases a stage once, to every CTA of the cluster (their producers multicast into it)."""
+        warp releases a stage once, to every CTA of the cluster (their producers multicast into it).
+        ``tx_bytes``: bytes one stage of this pipeline receives per CTA (default: the whole tile; a
+        column group's share when the tile is loaded by column groups)."""
+        if tx_bytes is None:
+            tx_bytes = self.tile_bytes
         thread = pipeline.Agent.Thread
         cta_layout = None
         if const_expr(self.cluster > 1):
@@ -221,7 +236,7 @@ class TmaPagedKV(PagedKVLoader):
             barrier_storage=barrier_ptr, num_stages=self.stages,
             producer_group=pipeline.CooperativeGroup(thread, self.producer_warps),
             consumer_group=pipeline.CooperativeGroup(thread, consumer_warps * self.cluster),
-            tx_count=self.tile_bytes // self.producer_warps, cta_layout_vmnk=cta_layout, defer_sync=True)
+            tx_count=tx_bytes // self.producer_warps, cta_layout_vmnk=cta_layout, defer_sync=True)
 
     def prefetches_page(self) -> bool:
         """True when the caller may read this warp's page id early (``page_id``) and hand it to
@@ -245,17 +260,26 @@ class TmaPagedKV(PagedKVLoader):
     @cute.jit
     def load_tile(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, mBlockTable: cute.Tensor,
                   pipe, state, r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32,
-                  page=None):
+                  page=None, cols=None):
         """Acquire the stage, then issue this CTA's boxes of tile ``blk`` of request ``r`` (warp-per-box
-        path: this warp's box; ``page``, if given, is its ``page_id`` read earlier)."""
+        path: this warp's box; ``page``, if given, is its ``page_id`` read earlier). ``cols`` (loader
+        built ``by_columns``): the tile's 64-column blocks to load, one TMA copy each."""
         P = self.page_size
         box = self.box_rows
-        # gK: (box, dim, boxes per page, kv_head, page); sKb: (box, dim, boxes per tile, stage).
-        gK = cute.local_tile(mK, (box, self.head_dim), (None, 0, None, None))
-        # (The smem tensor's layout is the stage's outer layout, its iterator carries the swizzle.)
-        sKb = cute.make_tensor(sK.iterator, cute.composition(sK.layout, cute.make_layout(
-            (box, self.head_dim, TILE_TOKENS // box, self.stages),
-            stride=(1, TILE_TOKENS, box, TILE_TOKENS * self.head_dim))))
+        if const_expr(self.by_columns):
+            # gK: (box, 64, boxes per page, column block, kv_head, page); sKb: (box, 64, boxes per
+            # tile, column block, stage).
+            gK = cute.local_tile(mK, (box, COL_BLOCK), (None, None, None, None))
+            sKb = cute.make_tensor(sK.iterator, cute.composition(sK.layout, cute.make_layout(
+                (box, COL_BLOCK, TILE_TOKENS // box, self.head_dim // COL_BLOCK, self.stages),
+                stride=(1, TILE_TOKENS, box, TILE_TOKENS * COL_BLOCK, TILE_TOKENS * self.head_dim))))
+        else:
+            # gK: (box, dim, boxes per page, kv_head, page); sKb: (box, dim, boxes per tile, stage).
+            gK = cute.local_tile(mK, (box, self.head_dim), (None, 0, None, None))
+            # (The smem tensor's layout is the stage's outer layout, its iterator carries the swizzle.)
+            sKb = cute.make_tensor(sK.iterator, cute.composition(sK.layout, cute.make_layout(
+                (box, self.head_dim, TILE_TOKENS // box, self.stages),
+                stride=(1, TILE_TOKENS, box, TILE_TOKENS * self.head_dim))))
         tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sKb, 0, 2),
                                            cute.group_modes(gK, 0, 2))
         rank = Int32(0)
@@ -264,14 +288,33 @@ class TmaPagedKV(PagedKVLoader):
         last_page = (seqlen - 1) // P  # the request's last valid page (the tile has >= 1 token)
         if const_expr(self.warp_per_box):
             self._load_box_of_warp(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, rank,
-                                   producer_tidx, page)
+                                   producer_tidx, page, cols)
         else:
             self._load_boxes(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
-                                      rank)
+                             rank, cols)
+
+    @cute.jit
+    def _copy_box(self, tma_k, tKgK, tKsK, in_page, kv_head, page, box_idx, stage, bar, cols):
+        """The TMA copies of one box (all 576 columns, or the column blocks ``cols``), multicast to the
+        cluster when there is one."""
+        if const_expr(self.by_columns):
+            for c in cutlass.range_constexpr(len(cols)):
+                if const_expr(self.cluster > 1):
+                    cute.copy(tma_k, tKgK[None, in_page, cols[c], kv_head, page], tKsK[None, box_idx, cols[c], stage],
+                              tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1))
+                else:
+                    cute.copy(tma_k, tKgK[None, in_page, cols[c], kv_head, page], tKsK[None, box_idx, cols[c], stage],
+                              tma_bar_ptr=bar)
+        else:
+            if const_expr(self.cluster > 1):
+                cute.copy(tma_k, tKgK[None, in_page, kv_head, page], tKsK[None, box_idx, stage],
+                          tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1))
+            else:
+                cute.copy(tma_k, tKgK[None, in_page, kv_head, page], tKsK[None, box_idx, stage], tma_bar_ptr=bar)
 
     @cute.jit
     def _load_box_of_warp(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, rank,
-                          producer_tidx, page):
+                          producer_tidx, page, cols):
         """Warp w of the producers issues box w of this CTA's share: its 9 column copies, on the stage
         barrier after its own arrive.expect_tx of one box's share of the tile (``producer_acquire``:
         empty wait, then an elected arrive.expect_tx; see the class docstring for the ordering)."""
@@ -285,16 +328,11 @@ class TmaPagedKV(PagedKVLoader):
         in_page = (token % P) // box  # 0 for the pages of this path (box_rows == page_size)
         pipe.producer_acquire(state)
         bar = pipe.producer_get_barrier(state)
-        if const_expr(self.cluster > 1):
-            cute.copy(tma_k, tKgK[None, in_page, kv_head, page], tKsK[None, box_idx, state.index],
-                      tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1))
-        else:
-            cute.copy(tma_k, tKgK[None, in_page, kv_head, page], tKsK[None, box_idx, state.index],
-                      tma_bar_ptr=bar)
+        self._copy_box(tma_k, tKgK, tKsK, in_page, kv_head, page, box_idx, state.index, bar, cols)
 
     @cute.jit
     def _load_boxes(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
-                             rank):
+                    rank, cols):
         """One warp issues this CTA's boxes of the tile: since warp_per_box, always exactly one box
         (pages 64 and 128, and page 32 in a 2-CTA cluster), the code as it was for those pages."""
         P = self.page_size
@@ -313,12 +351,7 @@ class TmaPagedKV(PagedKVLoader):
             box_idx = rank * self.boxes_per_cta + b  # box of the tile: its rows box_idx * box ...
             token = blk * TILE_TOKENS + box_idx * box
             in_page = (token % P) // box  # row block inside the page (128-token pages: 0 or 1)
-            if const_expr(self.cluster > 1):
-                cute.copy(tma_k, tKgK[None, in_page, kv_head, pages[b]], tKsK[None, box_idx, state.index],
-                          tma_bar_ptr=bar, mcast_mask=cutlass.Int16((1 << self.cluster) - 1))
-            else:
-                cute.copy(tma_k, tKgK[None, in_page, kv_head, pages[b]], tKsK[None, box_idx, state.index],
-                          tma_bar_ptr=bar)
+            self._copy_box(tma_k, tKgK, tKsK, in_page, kv_head, pages[b], box_idx, state.index, bar, cols)
 
 
 class GatherPagedKV(PagedKVLoader):
@@ -327,8 +360,9 @@ class GatherPagedKV(PagedKVLoader):
     producer_warps = 4
     threads_per_row = 8  # 8 x 16 B = one 128-byte swizzle row per warp quarter: full sectors, no bank conflicts
 
-    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1):
-        super().__init__(dtype, page_size, head_dim, stages, cluster)
+    def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
+                 by_columns: bool = False):
+        super().__init__(dtype, page_size, head_dim, stages, cluster, by_columns)
         if page_size not in GATHER_PAGE_SIZES:
             raise ValueError(f"gather loader serves page sizes {GATHER_PAGE_SIZES}, got {page_size}")
         if cluster != 1:
@@ -344,9 +378,10 @@ class GatherPagedKV(PagedKVLoader):
     def make_tma(self, mK, sK_layout):
         return None, mK
 
-    def make_pipeline(self, barrier_ptr, consumer_warps: int):
+    def make_pipeline(self, barrier_ptr, consumer_warps: int, tx_bytes=None):
         """Full barrier: one (cp.async-completion) arrive per producer thread; empty barrier: one
-        arrive per consumer warp, like the TMA pipeline, so the consumers' code is the same."""
+        arrive per consumer warp, like the TMA pipeline, so the consumers' code is the same.
+        (``tx_bytes`` is not used: cp.async completion counts arrivals, not bytes.)"""
         thread = pipeline.Agent.Thread
         return pipeline.PipelineCpAsync.create(
             barrier_storage=barrier_ptr, num_stages=self.stages,
@@ -372,9 +407,12 @@ class GatherPagedKV(PagedKVLoader):
 
     @cute.jit
     def load_tile(self, tma_k, mK: cute.Tensor, sK: cute.Tensor, mBlockTable: cute.Tensor, pipe, state,
-                  r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32, page=None):
+                  r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32, page=None, cols=None):
         """Acquire the stage, then gather tile ``blk`` of request ``r``: thread t copies chunks
-        ``t % 8 + 8 c`` (c < 9) of rows ``t // 8 + 16 p`` (p < 4), skipping rows past the end."""
+        ``t % 8 + 8 c`` (c < 9: chunk c of the thread lies in 64-column block c) of rows
+        ``t // 8 + 16 p`` (p < 4), skipping rows past the end. ``cols``: only those column blocks."""
+        if const_expr(cols is None):
+            cols = tuple(range(self.chunks_per_thread))
         P = self.page_size
         atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), self.dtype,
                                    num_bits_per_copy=128)
@@ -393,14 +431,16 @@ class GatherPagedKV(PagedKVLoader):
             if token < seqlen:
                 gRow = mK[token % P, None, kv_head, pages[p]]
                 sRow = sK[row, None, state.index]
-                for c in cutlass.range_constexpr(self.chunks_per_thread):
-                    chunk = col + c * self.threads_per_row
+                for ci in cutlass.range_constexpr(len(cols)):
+                    chunk = col + cols[ci] * self.threads_per_row
                     cute.copy(atom, cute.local_tile(gRow, (self.vec,), (chunk,)),
                               cute.local_tile(sRow, (self.vec,), (chunk,)))
         pipe.producer_commit(state)  # cp.async.mbarrier.arrive.noinc: arrives when this thread's copies land
 
 
-def make_loader(dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1) -> PagedKVLoader:
-    """The loader for ``page_size`` (TMA for >= 16, cp.async gather below)."""
+def make_loader(dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
+                by_columns: bool = False) -> PagedKVLoader:
+    """The loader for ``page_size`` (TMA for >= 16, cp.async gather below); ``by_columns``: tiles are
+    loaded in column groups (``load_tile(..., cols=...)``)."""
     cls = TmaPagedKV if uses_tma(page_size) else GatherPagedKV
-    return cls(dtype, page_size, head_dim, stages, cluster)
+    return cls(dtype, page_size, head_dim, stages, cluster, by_columns)

@@ -45,6 +45,9 @@ class MLADecodeBase:
 
     num_threads = 256
     kv_stages = 2
+    # K pipelines per stage ring: 1, or 2 for a variant that fills each stage in two column groups with
+    # a barrier pair each (``paged_kv`` loader ``by_columns``; variant_seesaw).
+    kv_groups = 1
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -71,7 +74,8 @@ class MLADecodeBase:
         # with a split cluster: the reduction reuses the K stages, which a peer's multicast of the
         # next chunk's tiles could already be filling.
         self.cluster = paged_kv.cluster_size(page_size, self.num_m_blocks, multicast and split_cluster == 1)
-        self.loader = paged_kv.make_loader(dtype, page_size, HEAD_DIM, self.kv_stages, self.cluster)
+        self.loader = paged_kv.make_loader(dtype, page_size, HEAD_DIM, self.kv_stages, self.cluster,
+                                           by_columns=self.kv_groups > 1)
 
     # ------------------------------------------------------------------ host
     @cute.jit
@@ -124,10 +128,12 @@ class MLADecodeBase:
         @cute.struct
         class SharedStorage:
             mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
-            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages]
+            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages * self.kv_groups]
             row_scale: cute.struct.MemRange[Float32, BLOCK_M]  # per-tile rescale factor (WG0 -> WG1)
             row_inv: cute.struct.MemRange[Float32, BLOCK_M]  # 1 / row sum at the end of a chunk
             lse_slots: cute.struct.MemRange[Float32, BLOCK_M]  # split cluster: this CTA's partial's lse
+            row_max_x: cute.struct.MemRange[Float32, 2 * BLOCK_M]  # seesaw: the two tiles' row maxima
+            row_sum_x: cute.struct.MemRange[Float32, BLOCK_M]  # seesaw: WG1's row sums at a chunk's end
             sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
             sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
             sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sP_layout)], 1024]

@@ -1,0 +1,408 @@
+"""2-warpgroup pipeline, seesaw form (256 threads, no producer warpgroup, two KV tiles per iteration).
+
+Why: in the original 2wg form WG0 runs QK, the softmax and half of P.V for every tile while WG1
+only does the other half of P.V. On an H200 (ncu, b128 s1 h128 4096) WG1's warps spent about half
+their time waiting for WG0's P, and WG0's non-wgmma work (softmax, rescale, P hand-off) left the
+tensor cores idle for a third of each tile. Here both warpgroups score: each iteration takes two
+tiles, t0 for WG0 and t1 for WG1, so each warpgroup does QK + softmax for one tile and P.V (its own
+256 output columns) for both, and one warpgroup's softmax runs while the other's wgmma do.
+
+Per iteration (m: the running row max, identical in both warpgroups at the start):
+- WG0: S0 = Q.K(t0)^T; m0 = max(m, rowmax S0); P0 = exp(S0 - m0) written to smem and m0 published
+  (one hand-off); O_L *= exp(m - m0); O_L += P0.V_L(t0) with P0 from registers (RS wgmma).
+- WG1: S1 = Q.K(t1)^T (beside WG0's QK); on m0 and P0: O_R *= exp(m - m0), O_R += P0.V_R(t0) (SS, P0
+  from smem), and while that runs the softmax of t1 against m0: m1 = max(m0, rowmax S1) published,
+  P1 = exp(S1 - m1) written to smem; O_R *= exp(m0 - m1); O_R += P1.V_R(t1) (RS).
+- WG0: on m1: O_L and its row sum *= exp(m0 - m1); O_L += P1.V_L(t1) (SS, P1 from smem).
+Both now hold O relative to m1, which becomes m. P0 crosses over unscaled (relative to m0) and WG1
+brings O_R to m0 before adding it, so nothing waits for m1 before WG1's P.V of t0: that P.V, and with
+it the release of t0's stage, does not sit behind the softmax of t1.
+The row sums stay per warpgroup (both relative to the same max) and are added at the end of a chunk.
+A chunk with an odd tile count ends on an iteration without t1: WG1 then only moves its max to m0.
+
+Loads: each K stage fills in two column groups, each with its own full/empty barrier pair
+(``paged_kv`` loader ``by_columns``): G0 = columns 0..255 (V_L), G1 = columns 256..511 (V_R) and the
+RoPE columns 512..575. A group is refilled as soon as both warpgroups are done with it, by the
+warpgroup that finishes with it last (WG0 issues every G0 load, WG1 every G1 load), instead of the
+whole stage after the last P.V: G0 of t0 is free after O_L += P0.V_L(t0), mid-iteration. QK takes
+the column blocks of the group that lands first first. P0 goes into the RoPE block of t0's stage
+(read only by QK(t0), done by then; G1 is released only after WG1's P.V that reads P0), P1 into the
+skeleton's P tile. The smem plan is the skeleton's (Q 72 KB + 2 stages 144 KB + P 8 KB).
+
+Named barriers (``Bar``, 256 threads unless noted): M0 (WG0 -> WG1: m0 and P0 written), M1 (WG1 ->
+WG0: m1 published), P1 (WG1 -> WG0: P1 written), P1_FREE (WG0 -> WG1: the
+P.V reading P1 is done; WG0 pre-arrives it once), SUM (WG1 -> WG0: WG1's row sums written at a
+chunk's end), INV (WG0 -> WG1: 1/rowsum written), and the two 128-thread warpgroup barriers of
+``zero_v_rows``. Every barrier is passed by both warpgroups once per iteration (or chunk), also in an
+iteration without t1, so the arrive/sync counts always pair.
+
+Empty-barrier arrivals of a group a warpgroup never reads (G0 of t0 for WG1, G1 of t1 for WG0) are
+made after the iteration's first barrier from the other warpgroup (M0 for WG1, M1 for WG0), which the
+other warpgroup passes only after its releases of the previous fill of that group: a warp never
+arrives twice on one phase.
+"""
+from __future__ import annotations
+
+import enum
+
+import cutlass
+import cutlass.cute as cute
+import cutlass.pipeline as pipeline
+from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import warpgroup
+
+from pipelines import layouts, softmax
+from pipelines.paged_kv import COL_BLOCK
+from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, MLADecodeBase
+
+HALF = HEAD_DIM_V // 2
+G0_COLS = (0, 1, 2, 3)  # 64-column blocks of group 0: V_L
+G1_COLS = (4, 5, 6, 7, 8)  # group 1: V_R and the RoPE block (where P0 goes)
+K_STEPS_PER_BLOCK = COL_BLOCK // 16  # wgmma k16 steps per 64-column block
+
+
+class Bar(enum.IntEnum):
+    M0 = 1
+    M1 = 2
+    P1 = 3
+    P1_FREE = 4
+    WG0 = 5
+    WG1 = 6
+    SUM = 7
+    INV = 8
+
+
+class MLADecodeSeesaw(MLADecodeBase):
+    num_threads = 256
+    kv_stages = 2
+    kv_groups = 2
+    q_consumer_warps = 8  # both warpgroups score
+    k_consumer_warps = 8
+
+    def make_pipelines(self, storage):
+        """Q as in the skeleton (both warpgroups consume it); K: one pipeline per column group over the
+        same two stages, each completing on the group's bytes."""
+        thread = pipeline.Agent.Thread
+        pipe_q = pipeline.PipelineTmaAsync.create(
+            barrier_storage=storage.mbar_q.data_ptr(), num_stages=1,
+            producer_group=pipeline.CooperativeGroup(thread, 1),
+            consumer_group=pipeline.CooperativeGroup(thread, self.q_consumer_warps),
+            tx_count=self.q_bytes, defer_sync=True)
+        bytes_per_block = BLOCK_N * COL_BLOCK * self.dtype.width // 8
+        ptr = storage.mbar_k.data_ptr()
+        pipe_g0 = self.loader.make_pipeline(ptr, self.k_consumer_warps, tx_bytes=len(G0_COLS) * bytes_per_block)
+        pipe_g1 = self.loader.make_pipeline(ptr + 2 * self.kv_stages, self.k_consumer_warps,
+                                            tx_bytes=len(G1_COLS) * bytes_per_block)
+        return pipe_q, (pipe_g0, pipe_g1)
+
+    @cute.jit
+    def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
+                        mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
+        begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
+        wg = tidx // 128
+        wg_tidx = tidx % 128
+        sV_layout = layouts.v_view_layout(sK.layout, HALF, BLOCK_N, HEAD_DIM, self.kv_stages)
+        # P0' lives in the RoPE block (columns 512..575) of t0's stage: a 64 x 64 K-major tile with the
+        # same swizzle as the skeleton's P tile, one per stage.
+        sP0_layout = cute.composition(sK.layout, cute.make_layout(
+            (BLOCK_M, BLOCK_N, self.kv_stages), stride=(1, BLOCK_N, BLOCK_N * HEAD_DIM)))
+        sP0 = cute.make_tensor(sK.iterator + HEAD_DIM_V * BLOCK_N, sP0_layout)
+        if wg == 0:
+            sV = cute.make_tensor(sK.iterator, sV_layout)
+            self.role(0, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
+                      tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
+                      sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+        else:
+            sV = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
+            self.role(1, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
+                      tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
+                      sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+
+    @cute.jit
+    def qk(self, mma_qk, acc_s, tSrQ, tSrK, stage, first_cols: cutlass.Constexpr, second_cols: cutlass.Constexpr,
+           pipe_first, state_first, pipe_second, state_second):
+        """S = Q.K^T of the tile in ``stage``: the column blocks of the group expected first, then the
+        other group's (each after its full barrier)."""
+        self.loader.consumer_wait(pipe_first, state_first)
+        warpgroup.fence()
+        for bi in cutlass.range_constexpr(len(first_cols)):
+            for kk in cutlass.range_constexpr(K_STEPS_PER_BLOCK):
+                k = first_cols[bi] * K_STEPS_PER_BLOCK + kk
+                mma_qk.set(warpgroup.Field.ACCUMULATE, bi != 0 or kk != 0)
+                cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
+        self.loader.consumer_wait(pipe_second, state_second)
+        # The barrier wait is a loop (a branch) inside the wgmma chain: an explicit fence after it, or
+        # ptxas injects one in the loop's divergent path and serializes every wgmma (info C7520).
+        warpgroup.fence()
+        for bi in cutlass.range_constexpr(len(second_cols)):
+            for kk in cutlass.range_constexpr(K_STEPS_PER_BLOCK):
+                k = second_cols[bi] * K_STEPS_PER_BLOCK + kk
+                mma_qk.set(warpgroup.Field.ACCUMULATE, True)
+                cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+
+    @cute.jit
+    def role(self, me: cutlass.Constexpr[int], wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block,
+             begin_split, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
+             sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2):
+        """Warpgroup ``me``'s loop (0: scores t0, owns O[:, 0:256], loads group 0 and Q; 1: scores t1,
+        owns O[:, 256:512], loads group 1)."""
+        C = self.split_cluster
+        mma_qk, mma_rs, mma_ss = self.tiled_mmas()
+        pipe_g0, pipe_g1 = pipe_k
+        pipe_own = pipe_g0 if const_expr(me == 0) else pipe_g1  # the group this warpgroup loads
+        cols_own = G0_COLS if const_expr(me == 0) else G1_COLS
+        g0 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        g1 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+
+        thr_qk = mma_qk.get_slice(wg_tidx)
+        thr_rs = mma_rs.get_slice(wg_tidx)
+        thr_ss = mma_ss.get_slice(wg_tidx)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+        tOrV_rs = thr_rs.make_fragment_B(thr_rs.partition_B(sV))
+        tOrV_ss = thr_ss.make_fragment_B(thr_ss.partition_B(sV))
+        # The other warpgroup's P as the A operand of the SS P.V: P1 (skeleton's P tile) for WG0, P0'
+        # (RoPE block of a stage) for WG1. This warpgroup's own P as a C-shaped smem view to write.
+        if const_expr(me == 0):
+            tOrP_other = thr_ss.make_fragment_A(thr_ss.partition_A(sP))
+            tPsP_own = thr_qk.partition_C(sP0)
+        else:
+            tOrP_other = thr_ss.make_fragment_A(thr_ss.partition_A(sP0))
+            tPsP_own = thr_qk.partition_C(sP)
+        cS = cute.make_identity_tensor((BLOCK_M, BLOCK_N))
+        tScS = layouts.acc_mn_view(thr_qk.partition_C(cS))
+        n_rows_thr = cute.size(tScS, mode=[0])
+        s_m = storage.row_max_x.get_tensor(cute.make_layout((BLOCK_M, 2), stride=(1, BLOCK_M)))
+        s_sum = storage.row_sum_x.get_tensor(cute.make_layout(BLOCK_M))
+        s_inv = storage.row_inv.get_tensor(cute.make_layout(BLOCK_M))
+        wg_bar = int(Bar.WG0) if const_expr(me == 0) else int(Bar.WG1)
+        col0 = 0 if const_expr(me == 0) else HALF
+        wg_warp = cute.arch.make_warp_uniform(wg_tidx // 32)
+        is_producer = wg_warp < self.loader.producer_warps
+
+        if const_expr(me == 0):
+            cute.arch.barrier_arrive(barrier_id=int(Bar.P1_FREE), number_of_threads=256)  # sP starts free
+        for r in cutlass.range(begin_req, end_req + 1, unroll=1):
+            seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
+                r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
+            if const_expr(me == 0):
+                if wg_warp == 0:
+                    self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
+                    q_prod.advance()
+            # This warpgroup's group of the chunk's first two tiles.
+            if is_producer:
+                for blk in cutlass.range(start, cutlass.min(start + 2 * C, stop), C, unroll=1):
+                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_own, prod, r, blk, seqlen, kv_head,
+                                          wg_tidx, cols=cols_own)
+                    prod.advance()
+            acc_o = cute.make_rmem_tensor(thr_rs.partition_shape_C((BLOCK_M, HALF)), Float32)
+            acc_o.fill(0.0)
+            acc_o_mn = layouts.acc_mn_view(acc_o)
+            row_max = cute.make_rmem_tensor(n_rows_thr, Float32)
+            row_sum = cute.make_rmem_tensor(n_rows_thr, Float32)
+            row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
+            other_max = cute.make_rmem_tensor(n_rows_thr, Float32)
+            row_max.fill(-Float32.inf)
+            row_sum.fill(0.0)
+            row_limit = self.row_limits(seqlen, m_block, tScS)
+            pipe_q.consumer_wait(q_state)
+
+            for t0 in cutlass.range(start, stop, 2 * C, unroll=1):
+                t1 = t0 + C
+                has_t1 = t1 < stop
+                a0 = g0.clone()  # group states of t0 ...
+                a1 = g1.clone()
+                g0.advance()
+                g1.advance()
+                b0 = g0.clone()  # ... and of t1 (used only when has_t1)
+                b1 = g1.clone()
+                stage_a = a0.index
+                stage_b = b0.index
+                if const_expr(me == 0):
+                    prod = self.wg0_iteration(t0, t1, has_t1, stage_a, stage_b, a0, a1, b0, b1, pipe_g0, pipe_g1, prod,
+                                       seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS, row_max,
+                                       row_sum, row_scale, other_max, acc_o, acc_o_mn, s_m, mma_qk, mma_rs, mma_ss,
+                                       tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK, sK,
+                                       mBlockTable, scale_log2)
+                else:
+                    prod = self.wg1_iteration(t0, t1, has_t1, stage_a, stage_b, a0, a1, b0, b1, pipe_g0, pipe_g1, prod,
+                                       seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS, row_max,
+                                       row_sum, row_scale, other_max, acc_o, acc_o_mn, s_m, mma_qk, mma_rs, mma_ss,
+                                       tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK, sK,
+                                       mBlockTable, scale_log2)
+                if has_t1:
+                    g0.advance()
+                    g1.advance()
+            pipe_q.consumer_release(q_state)
+            q_state.advance()
+
+            # Chunk end: WG1's row sums to WG0, which finalises; 1/rowsum back to WG1.
+            row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
+            row_lse = cute.make_rmem_tensor(n_rows_thr, Float32)
+            if const_expr(me == 1):
+                for i in cutlass.range_constexpr(n_rows_thr):
+                    total = cute.arch.warp_reduction_sum(row_sum[i], threads_in_group=4)
+                    if wg_tidx % 4 == 0:
+                        s_sum[tScS[i, 0][0]] = total
+                cute.arch.barrier_arrive(barrier_id=int(Bar.SUM), number_of_threads=256)
+                cute.arch.barrier(barrier_id=int(Bar.INV), number_of_threads=256)
+                for i in cutlass.range_constexpr(n_rows_thr):
+                    row_inv[i] = s_inv[tScS[i, 0][0]]
+            else:
+                cute.arch.barrier(barrier_id=int(Bar.SUM), number_of_threads=256)
+                if wg_tidx % 4 == 0:  # one thread of the quad adds WG1's (quad-reduced) sum
+                    for i in cutlass.range_constexpr(n_rows_thr):
+                        row_sum[i] = row_sum[i] + s_sum[tScS[i, 0][0]]
+                softmax.finalize_rows(row_max, row_sum, row_inv, row_lse, scale_log2, self.empty_row_lse(is_split))
+                if wg_tidx % 4 == 0:
+                    for i in cutlass.range_constexpr(n_rows_thr):
+                        s_inv[tScS[i, 0][0]] = row_inv[i]
+                cute.arch.barrier_arrive(barrier_id=int(Bar.INV), number_of_threads=256)
+            # A fresh MMA object for the epilogue's fragment layout: the loop's ones carry state set inside it.
+            _, mma_store, _ = self.tiled_mmas()
+            self.store_chunk(acc_o, mma_store, wg_tidx, wg_tidx + 128 * me, row_inv, row_lse, me == 0, col0, m_block,
+                             kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
+        if const_expr(me == 1):
+            # Pairs WG0's last P1_FREE arrive so no arrival is left pending at exit.
+            cute.arch.barrier(barrier_id=int(Bar.P1_FREE), number_of_threads=256)
+
+    @cute.jit
+    def publish_max(self, s_m, slot: cutlass.Constexpr[int], row_max, tScS, wg_tidx, bar: cutlass.Constexpr[int]):
+        if wg_tidx % 4 == 0:
+            for i in cutlass.range_constexpr(cute.size(row_max, mode=[0])):
+                s_m[tScS[i, 0][0], slot] = row_max[i]
+        cute.arch.barrier_arrive(barrier_id=bar, number_of_threads=256)
+
+    @cute.jit
+    def read_max(self, s_m, slot: cutlass.Constexpr[int], out, tScS, bar: cutlass.Constexpr[int]):
+        cute.arch.barrier(barrier_id=bar, number_of_threads=256)
+        for i in cutlass.range_constexpr(cute.size(out, mode=[0])):
+            out[i] = s_m[tScS[i, 0][0], slot]
+
+    @cute.jit
+    def pv(self, tiled_mma, acc_o, tOrP, tOrV, stage, first: cutlass.Constexpr[bool]):
+        """O += P.V of one tile (issue only; the caller commits and waits)."""
+        if const_expr(first):
+            warpgroup.fence()
+        for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            cute.gemm(tiled_mma, acc_o, tOrP[None, None, k], tOrV[None, None, k, stage], acc_o)
+
+    @cute.jit
+    def wg0_iteration(self, t0, t1, has_t1, stage_a, stage_b, a0, a1, b0, b1, pipe_g0, pipe_g1, prod, seqlen,
+                      stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
+                      acc_o, acc_o_mn, s_m, mma_qk, mma_rs, mma_ss, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other,
+                      tPsP_own, tma_k, mK, sK, mBlockTable, scale_log2):
+        C = self.split_cluster
+        acc_s = cute.make_rmem_tensor(mma_qk.get_slice(wg_tidx).partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
+        # QK(t0): group 0 was loaded first (mid last iteration), group 1 later.
+        self.qk(mma_qk, acc_s, tSrQ, tSrK, stage_a, G0_COLS, G1_COLS, pipe_g0, a0, pipe_g1, a1)
+        self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: WG0 is done reading it (it writes P0 there)
+        self.softmax_tile(acc_s, t0, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+        # P0 (relative to m0) into t0's RoPE block and m0 to WG1, in one hand-off.
+        rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
+        rP.store(acc_s.load().to(self.dtype))
+        cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
+        cute.arch.fence_view_async_shared()
+        self.publish_max(s_m, 0, row_max, tScS, wg_tidx, int(Bar.M0))
+        softmax.rescale_rows(acc_o_mn, row_scale)
+        valid0 = seqlen - t0 * BLOCK_N
+        if valid0 < BLOCK_N:
+            self.zero_v_rows(sK, stage_a, valid0, 0, HALF, wg_tidx, int(Bar.WG0))
+        tOrP = layouts.acc_as_a_operand(rP)
+        self.pv(mma_rs, acc_o, tOrP, tOrV_rs, stage_a, True)
+        warpgroup.commit_group()
+        warpgroup.wait_group(0)
+        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: QK and P.V done; refill it now
+        if is_producer:
+            if t0 + 2 * C < stop:
+                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t0 + 2 * C, seqlen, kv_head,
+                                      wg_tidx, cols=G0_COLS)
+                prod.advance()
+        # m1 = max(m0, rowmax S1) from WG1: O_L and this warpgroup's row sums follow it.
+        self.read_max(s_m, 1, other_max, tScS, int(Bar.M1))
+        if has_t1:
+            self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: never read by WG0 (after M1: see docstring)
+        softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
+        softmax.rescale_rows(acc_o_mn, row_scale)
+        # O_L += P1.V_L(t1), P1 from smem.
+        cute.arch.barrier(barrier_id=int(Bar.P1), number_of_threads=256)
+        if has_t1:
+            self.loader.consumer_wait(pipe_g0, b0)
+            valid1 = seqlen - t1 * BLOCK_N
+            if valid1 < BLOCK_N:
+                self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
+            self.pv(mma_ss, acc_o, tOrP_other, tOrV_ss, stage_b, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            self.loader.consumer_release(pipe_g0, b0)
+        cute.arch.barrier_arrive(barrier_id=int(Bar.P1_FREE), number_of_threads=256)
+        if is_producer:
+            if has_t1:
+                if t1 + 2 * C < stop:
+                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t1 + 2 * C, seqlen,
+                                          kv_head, wg_tidx, cols=G0_COLS)
+                    prod.advance()
+        return prod
+
+    @cute.jit
+    def wg1_iteration(self, t0, t1, has_t1, stage_a, stage_b, a0, a1, b0, b1, pipe_g0, pipe_g1, prod, seqlen,
+                      stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
+                      acc_o, acc_o_mn, s_m, mma_qk, mma_rs, mma_ss, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other,
+                      tPsP_own, tma_k, mK, sK, mBlockTable, scale_log2):
+        C = self.split_cluster
+        acc_s = cute.make_rmem_tensor(mma_qk.get_slice(wg_tidx).partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
+        if has_t1:
+            # QK(t1): group 1 was loaded by this warpgroup, group 0 by WG0.
+            self.qk(mma_qk, acc_s, tSrQ, tSrK, stage_b, G1_COLS, G0_COLS, pipe_g1, b1, pipe_g0, b0)
+            self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: QK was WG1's only read
+        # m0 and P0 from WG0: move to m0, then O_R += P0.V_R(t0) while the softmax of t1 runs.
+        self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
+        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
+        softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
+        softmax.rescale_rows(acc_o_mn, row_scale)
+        self.loader.consumer_wait(pipe_g1, a1)
+        valid0 = seqlen - t0 * BLOCK_N
+        if valid0 < BLOCK_N:
+            self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
+        self.pv(mma_ss, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
+        warpgroup.commit_group()
+        if has_t1:
+            self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+        self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
+        # P1 to smem for WG0 (once WG0's previous P.V from it is done).
+        cute.arch.barrier(barrier_id=int(Bar.P1_FREE), number_of_threads=256)
+        rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
+        if has_t1:
+            rP.store(acc_s.load().to(self.dtype))
+            cute.autovec_copy(rP, tPsP_own)
+            cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=int(Bar.P1), number_of_threads=256)
+        warpgroup.wait_group(0)
+        self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: P.V and P0 read; refill it now
+        if is_producer:
+            if t0 + 2 * C < stop:
+                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t0 + 2 * C, seqlen, kv_head,
+                                      wg_tidx, cols=G1_COLS)
+                prod.advance()
+        if has_t1:
+            softmax.rescale_rows(acc_o_mn, row_scale)  # to m1
+            valid1 = seqlen - t1 * BLOCK_N
+            if valid1 < BLOCK_N:
+                self.zero_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1))
+            tOrP = layouts.acc_as_a_operand(rP)
+            self.pv(mma_rs, acc_o, tOrP, tOrV_rs, stage_b, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            self.loader.consumer_release(pipe_g1, b1)
+            if is_producer:
+                if t1 + 2 * C < stop:
+                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t1 + 2 * C, seqlen,
+                                          kv_head, wg_tidx, cols=G1_COLS)
+                    prod.advance()
+        return prod
