@@ -14,7 +14,7 @@ Public API (FlashMLA-compatible names and argument positions)::
   the API traces to under ``torch.compile``.
 
 ``pipeline=`` picks the kernel variant: ``"2wg"`` (FlashMLA-style, two math warpgroups), ``"3wg"``
-(FA3-style producer + two consumers) or ``"auto"`` (env var ``MLA_PIPELINE`` when set, else the
+(FA3-style producer + two consumers), ``"seesaw"`` (2wg's two-tiles-per-iteration form) or ``"auto"`` (env var ``MLA_PIPELINE`` when set, else the
 faster variant for the call's shape as measured into ``pipelines/auto_table.py``; ``resolve_pipeline``).
 """
 from .api import (DEFAULT_PIPELINE, PIPELINE_CHOICES, PIPELINE_ENV_VAR, MLADecoder, MLASchedMeta,

@@ -136,7 +136,7 @@ def resolve_pipeline(pipeline: str = "auto", *, page_size: int | None = None, se
                      max_pages: int | None = None) -> str:
     """Map a ``pipeline=`` argument to the variant a call of this shape runs.
 
-    ``"2wg"`` and ``"3wg"`` name a variant. ``"auto"`` means the ``MLA_PIPELINE`` environment
+    ``"2wg"``, ``"3wg"`` and ``"seesaw"`` name a variant. ``"auto"`` means the ``MLA_PIPELINE`` environment
     variable when it is set (to a variant name), else the choice of ``pipelines/auto_table.py`` for
     the shape (``auto_variant``: page size, s_q, h_q, h_kv, batch size and the block table's width
     ``max_pages``, i.e. ``block_table.shape[1]``) among the variants with a kernel that serve the page
@@ -516,7 +516,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         causal: bottom-right aligned causal mask (matters for ``s_q > 1``).
         pipeline: ``"auto"`` (the ``MLA_PIPELINE`` env var, else the variant ``pipelines/auto_table.py``
             gives this call's shape: page size, s_q, h_q, h_kv, batch size and block_table's capacity
-            ``block_table.shape[1] * page_size``; ``resolve_pipeline``), ``"2wg"`` or ``"3wg"``.
+            ``block_table.shape[1] * page_size``; ``resolve_pipeline``), ``"2wg"``, ``"3wg"`` or ``"seesaw"``.
         out: optional ``[b, s_q, h_q, 512]`` of q's dtype to write into.
 
     Returns:
@@ -634,7 +634,7 @@ class MLADecoder:
 
     def __init__(self, pipeline: str = "auto", *, num_sms: int | None = None, planner: str = "auto",
                  partial_dtype=None):
-        """``pipeline``: ``"auto"``/``"2wg"``/``"3wg"`` (``MLA_PIPELINE`` read now: when it names a
+        """``pipeline``: ``"auto"``/``"2wg"``/``"3wg"``/``"seesaw"`` (``MLA_PIPELINE`` read now: when it names a
         variant, "auto" is that variant; else "auto" chooses per shape, see the class docstring);
         ``num_sms``: SM count to plan for (default: the device's); ``planner``: ``"auto"``/
         ``"device"``/``"host"`` (see ``get_mla_metadata``; ``"auto"`` is the kernel for lengths on the

@@ -47,12 +47,12 @@ class TestPipelineFlag:
     @pytest.mark.parametrize("name", ["4wg", "2WG", "", None, 2])
     def test_unknown_name_lists_choices(self, name, monkeypatch):
         monkeypatch.delenv("MLA_PIPELINE", raising=False)
-        with pytest.raises(ValueError, match=r"pipeline must be one of \('auto', '2wg', '3wg'\)"):
+        with pytest.raises(ValueError, match=r"pipeline must be one of \('auto', '2wg', '3wg', 'seesaw'\)"):
             mla.resolve_pipeline(name)
 
     def test_unknown_env_value_names_the_variable(self, monkeypatch):
         monkeypatch.setenv("MLA_PIPELINE", "fast")
-        with pytest.raises(ValueError, match=r"MLA_PIPELINE must be one of \('2wg', '3wg'\)"):
+        with pytest.raises(ValueError, match=r"MLA_PIPELINE must be one of \('2wg', '3wg', 'seesaw'\)"):
             mla.resolve_pipeline("auto")
 
     def test_missing_kernel_raises_not_implemented_everywhere(self, no_kernel):

@@ -107,7 +107,7 @@ def test_invalid_combinations_are_reported_not_compiled(monkeypatch):
     monkeypatch.setattr(pipelines, "_WITH_KERNEL", ("2wg",))  # a variant without a kernel is refused
     with pytest.raises(ValueError, match="has no kernel yet"):
         configs(["--pipeline", "3wg"])
-    with pytest.raises(ValueError, match=r"--pipeline must be among \('auto', '2wg', '3wg'\)"):
+    with pytest.raises(ValueError, match=r"--pipeline must be among \('auto', '2wg', '3wg', 'seesaw'\)"):
         configs(["--pipeline", "4wg"])
     with pytest.raises(SystemExit):
         precompile.parse_args(["--heads-q", "0"])
