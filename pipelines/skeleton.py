@@ -48,6 +48,9 @@ class MLADecodeBase:
     # K pipelines per stage ring: 1, or 2 for a variant that fills each stage in two column groups with
     # a barrier pair each (``paged_kv`` loader ``by_columns``; variant_seesaw).
     kv_groups = 1
+    # Lazy rescaling of O (softmax.LAZY_RESCALE_LOG2). A class constant, not a setting: the kernel
+    # cache keys on the sources. (An A/B sets it False on the class with the disk cache off.)
+    lazy_rescale = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -340,7 +343,7 @@ class MLADecodeBase:
                 for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                     if blk * BLOCK_N + tScS[i, j][1] >= row_limit[i]:
                         s_mn[i, j] = -Float32.inf
-        softmax.online_softmax_step(s_mn, row_max, row_sum, row_scale, scale_log2)
+        softmax.online_softmax_step(s_mn, row_max, row_sum, row_scale, scale_log2, lazy=self.lazy_rescale)
 
     @cute.jit
     def tma_load_q(self, tma_q, mQ, sQ, pipe_q, q_state, m_block: Int32, kv_head: Int32, r: Int32):

@@ -13,11 +13,19 @@ import cutlass.cute as cute
 from cutlass import Float32, const_expr
 
 LN2 = math.log(2.0)
+LAZY_RESCALE_LOG2 = 8.0
+"""Lazy rescaling: the running max a row's probabilities are taken against moves up only when a tile's
+max exceeds it by more than this (in log2 units, a factor of 256). Below that the stale max stays:
+P = exp2(s - m_used) is at most 256 (exact in bf16's exponent range; O and the row sum are fp32), and
+the output, rescaled by nothing, needs no FMUL pass. The row's final lse is taken against the same
+max, so the result is the same softmax. After the first tiles of a request the max rarely grows by
+that much, so O is almost never rescaled."""
 
 
 @cute.jit
 def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
-                        row_scale: cute.Tensor, scale_log2: Float32, floor_max=None):
+                        row_scale: cute.Tensor, scale_log2: Float32, floor_max=None,
+                        lazy: cutlass.Constexpr[bool] = False):
     """Turn scores ``s_mn`` (rows x cols view, in place) into unnormalised probabilities.
 
     Updates the running ``row_max`` (raw score units) and the thread-partial ``row_sum``, and writes
@@ -26,6 +34,8 @@ def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
     factor 1 (it is computed against a max of 0 to avoid inf - inf).
     ``floor_max`` (optional, per row): the new max is at least this (the seesaw schedule's second
     tile takes the first tile's max into account, so both tiles end on one max).
+    ``lazy``: keep the previous max unless the new one exceeds it by more than ``LAZY_RESCALE_LOG2``
+    (then ``row_scale`` is exactly 1; see ``rescale_rows_if_needed``).
     """
     for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
         m_prev = row_max[i]
@@ -35,6 +45,10 @@ def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
         for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
             m_new = cute.arch.fmax(m_new, s_mn[i, j])
         m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
+        if const_expr(lazy):
+            # (-inf - -inf is NaN: the comparison is false and the max stays -inf, as it should.)
+            if (m_new - m_prev) * scale_log2 <= Float32(LAZY_RESCALE_LOG2):
+                m_new = m_prev
         m_safe = m_new
         if m_new == -Float32.inf:
             m_safe = Float32(0.0)
@@ -57,6 +71,17 @@ def rescale_rows(o_mn: cute.Tensor, row_scale: cute.Tensor):
         f = row_scale[i]
         for j in cutlass.range_constexpr(cute.size(o_mn, mode=[1])):
             o_mn[i, j] = o_mn[i, j] * f
+
+
+@cute.jit
+def rescale_rows_if_needed(o_mn: cute.Tensor, row_scale: cute.Tensor):
+    """``rescale_rows``, skipped by a whole warp when every factor of its threads is exactly 1 (the
+    common case with lazy rescaling): 128 FMULs per thread less on the softmax warpgroup's path."""
+    need = False
+    for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
+        need = need or row_scale[i] != Float32(1.0)
+    if cute.arch.vote_any_sync(need):
+        rescale_rows(o_mn, row_scale)
 
 
 @cute.jit

@@ -117,7 +117,7 @@ class MLADecode2WG(MLADecodeBase):
                 cute.arch.fence_view_async_shared()  # P is read by WG1's wgmma (async proxy)
                 cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
 
-                softmax.rescale_rows(acc_o_mn, row_scale)
+                softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
                 valid = seqlen - blk * BLOCK_N
                 if valid < BLOCK_N:
                     self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
@@ -203,7 +203,7 @@ class MLADecode2WG(MLADecodeBase):
                 cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
                 for i in cutlass.range_constexpr(n_rows_thr):
                     row_scale[i] = s_row_scale[tOcO[i, 0][0]]
-                softmax.rescale_rows(acc_o_mn, row_scale)
+                softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
                 self.loader.consumer_wait(pipe_k, k_state)
                 valid = seqlen - blk * BLOCK_N
                 if valid < BLOCK_N:

@@ -296,7 +296,7 @@ class MLADecode3WG(MLADecodeBase):
                 k_next = k_state.clone()
                 k_next.advance()
                 has_next = blk + self.split_cluster < stop
-                softmax.rescale_rows(acc_o_mn, row_scale)
+                softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
                 valid = seqlen - blk * BLOCK_N
                 if valid < BLOCK_N:  # the request's last tile: never has a next tile in this chunk
                     self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, int(Bar.QK_WG))
@@ -378,7 +378,7 @@ class MLADecode3WG(MLADecodeBase):
                 p_full.arrive_and_wait()
                 for i in cutlass.range_constexpr(n_rows_thr):
                     row_scale[i] = s_row_scale[tOcO[i, 0][0]]
-                softmax.rescale_rows(acc_o_mn, row_scale)
+                softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
                 self.loader.consumer_wait(pipe_k, k_state)  # already full: WG1 scored this tile
                 valid = seqlen - blk * BLOCK_N
                 if valid < BLOCK_N:

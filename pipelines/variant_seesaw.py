@@ -310,7 +310,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
         cute.arch.fence_view_async_shared()
         self.publish_max(s_m, 0, row_max, tScS, wg_tidx, int(Bar.M0))
-        softmax.rescale_rows(acc_o_mn, row_scale)
+        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         valid0 = seqlen - t0 * BLOCK_N
         if valid0 < BLOCK_N:
             self.zero_v_rows(sK, stage_a, valid0, 0, HALF, wg_tidx, int(Bar.WG0))
@@ -329,7 +329,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         if has_t1:
             self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: never read by WG0 (after M1: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
-        softmax.rescale_rows(acc_o_mn, row_scale)
+        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         # O_L += P1.V_L(t1), P1 from smem.
         cute.arch.barrier(barrier_id=int(Bar.P1), number_of_threads=256)
         if has_t1:
@@ -365,7 +365,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
-        softmax.rescale_rows(acc_o_mn, row_scale)
+        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         self.loader.consumer_wait(pipe_g1, a1)
         valid0 = seqlen - t0 * BLOCK_N
         if valid0 < BLOCK_N:
@@ -391,7 +391,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                                       wg_tidx, cols=G1_COLS)
                 prod.advance()
         if has_t1:
-            softmax.rescale_rows(acc_o_mn, row_scale)  # to m1
+            softmax.rescale_rows_if_needed(acc_o_mn, row_scale)  # to m1
             valid1 = seqlen - t1 * BLOCK_N
             if valid1 < BLOCK_N:
                 self.zero_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1))

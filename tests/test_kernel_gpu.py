@@ -125,6 +125,34 @@ def _check_decode(variant, seqlens, s_q, h_q, causal, dtype, page_size, h_kv=1, 
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("h_q, s_q, causal", [(64, 2, True), (128, 1, False)])
+def test_lazy_rescale_with_growing_scores(variant, h_q, s_q, causal):
+    """Scores whose row max grows by more and by less than softmax.LAZY_RESCALE_LOG2 from tile to tile
+    (both branches of lazy rescaling, and P up to 256 against a stale max): the RoPE columns of K (not
+    part of V, so the output keeps its scale) are multiplied by 50 * (tile + 1) on even tiles: the
+    tiles' score maxima rise by ~1 (natural log units) per even tile, to ~25 at 4096 keys, so the
+    stale max is kept for several tiles and then moved; odd tiles keep small scores."""
+    import mla
+    from mla.reference import compare_to_reference, mla_decode_reference
+
+    seqlens = [4096, 1000]
+    q, k_cache, block_table, cache_seqlens = make_paged_case(seqlens, s_q, h_q, seed=7)
+    for r, n in enumerate(seqlens):
+        for tile in range(-(-n // 64)):
+            page = int(block_table[r, tile])  # page size 64: one page per tile
+            if tile % 2 == 0:
+                k_cache[page, :, :, 512:] *= 50.0 * (tile + 1)
+    meta, num_splits = mla.get_mla_metadata(cache_seqlens, s_q * h_q, 1)
+    out, lse = mla.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, meta, num_splits,
+                                          causal=causal, pipeline=variant)
+    torch.cuda.synchronize()
+    ref_out, ref_lse = mla_decode_reference(q, k_cache, block_table, cache_seqlens, causal=causal)
+    assert ref_lse[torch.isfinite(ref_lse)].max() > 12  # the scaling did make large, growing scores
+    cmp = compare_to_reference(out, lse, ref_out, ref_lse)
+    assert cmp.ok, cmp.message
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("page_size, case", _page_params())
 def test_page_sizes_match_reference(variant, page_size, case):
     from pipelines import paged_kv
