@@ -37,6 +37,9 @@ class MLADecode2WG(MLADecodeBase):
     kv_stages = 2
     q_consumer_warps = 4  # WG0 alone reads Q
     k_consumer_warps = 8  # both warpgroups read every K tile
+    # Issue the next chunk's Q and first K tiles before this chunk's epilogue (``wg1_load_pv``). A class
+    # constant (the kernel cache keys on the sources); an A/B sets it False with the disk cache off.
+    prefetch_next_chunk = True
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -175,18 +178,16 @@ class MLADecode2WG(MLADecodeBase):
 
         # P_EMPTY starts "free": WG0 waits on it before its first P write.
         cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+        # 1 when this chunk's Q and first K tiles were issued at the end of the previous chunk.
+        prefetched = Int32(0)
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-            if is_q_producer:
-                self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
-                q_prod.advance()
-            if is_k_producer:
-                for blk in cutlass.range(start, cutlass.min(start + self.kv_stages * self.split_cluster, stop),
-                                          self.split_cluster, unroll=1):
-                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head,
-                                          wg_tidx)
-                    k_prod.advance()
+            if prefetched == 0:
+                q_prod, k_prod = self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod,
+                                                      tma_k, mK, sK, mBlockTable, pipe_k, k_prod, m_block, kv_head,
+                                                      r, start, stop, seqlen, wg_tidx)
+            prefetched = Int32(0)
             acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((BLOCK_M, HALF)), Float32)
             acc_o.fill(0.0)
             acc_o_mn = layouts.acc_mn_view(acc_o)
@@ -233,5 +234,32 @@ class MLADecode2WG(MLADecodeBase):
             for i in cutlass.range_constexpr(n_rows_thr):
                 row_inv[i] = s_row_inv[tOcO[i, 0][0]]
             cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+            if const_expr(self.prefetch_next_chunk and self.split_cluster == 1):
+                # The next chunk's Q and first K tiles go out now, before this chunk's epilogue, so their
+                # latency hides behind both warpgroups' stores instead of opening the next chunk. Q(r) is
+                # free: WG0 released it before publishing 1/rowsum (the P_FULL just passed), and every K
+                # stage is free once the chunk's last P.V has released it. (Not with a split cluster:
+                # its epilogue uses the K stages as scratch.)
+                if r < end_req:
+                    n_seqlen, _, n_start, n_stop, _, _ = self.chunk_bounds(
+                        r + 1, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
+                    q_prod, k_prod = self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod,
+                                                          tma_k, mK, sK, mBlockTable, pipe_k, k_prod, m_block,
+                                                          kv_head, r + 1, n_start, n_stop, n_seqlen, wg_tidx)
+                    prefetched = Int32(1)
             self.store_chunk(acc_o, mma_pv_ss, wg_tidx, wg_tidx + 128, row_inv, row_inv, False, HALF, m_block,
                              kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
+
+    @cute.jit
+    def load_chunk_head(self, is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK,
+                        mBlockTable, pipe_k, k_prod, m_block, kv_head, r, start, stop, seqlen, wg_tidx):
+        """Q of request ``r`` and its chunk's first ``kv_stages`` K tiles (producer warps of WG1)."""
+        if is_q_producer:
+            self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
+            q_prod.advance()
+        if is_k_producer:
+            for blk in cutlass.range(start, cutlass.min(start + self.kv_stages * self.split_cluster, stop),
+                                      self.split_cluster, unroll=1):
+                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx)
+                k_prod.advance()
+        return q_prod, k_prod
