@@ -102,7 +102,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         wg = tidx // 128
         wg_tidx = tidx % 128
         sV_layout = layouts.v_view_layout(sK.layout, HALF, BLOCK_N, HEAD_DIM, self.kv_stages)
-        # P0' lives in the RoPE block (columns 512..575) of t0's stage: a 64 x 64 K-major tile with the
+        # P0 lives in the RoPE block (columns 512..575) of t0's stage: a 64 x 64 K-major tile with the
         # same swizzle as the skeleton's P tile, one per stage.
         sP0_layout = cute.composition(sK.layout, cute.make_layout(
             (BLOCK_M, BLOCK_N, self.kv_stages), stride=(1, BLOCK_N, BLOCK_N * HEAD_DIM)))
@@ -166,7 +166,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
         tOrV_rs = thr_rs.make_fragment_B(thr_rs.partition_B(sV))
         tOrV_ss = thr_ss.make_fragment_B(thr_ss.partition_B(sV))
-        # The other warpgroup's P as the A operand of the SS P.V: P1 (skeleton's P tile) for WG0, P0'
+        # The other warpgroup's P as the A operand of the SS P.V: P1 (skeleton's P tile) for WG0, P0
         # (RoPE block of a stage) for WG1. This warpgroup's own P as a C-shaped smem view to write.
         if const_expr(me == 0):
             tOrP_other = thr_ss.make_fragment_A(thr_ss.partition_A(sP))
