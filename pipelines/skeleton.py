@@ -238,17 +238,35 @@ class MLADecodeBase:
             cute.arch.cluster_wait()
 
     def make_pipelines(self, storage):
-        """Q: one stage, producer = one thread, consumers = the QK warpgroup's warps (local to the CTA).
-        K: ``kv_stages`` stages built by the loader; consumers = every math warp (each releases a tile
-        after its P.V, to every CTA of the cluster when the loader multicasts)."""
+        """Q (``make_q_pipeline``) and K: ``kv_stages`` stages built by the loader; consumers = every
+        math warp (each releases a tile after its P.V, to every CTA of the cluster when the loader
+        multicasts)."""
+        pipe_q = self.make_q_pipeline(storage)
+        return pipe_q, self.loader.make_pipeline(storage.mbar_k.data_ptr(), self.k_consumer_warps)
+
+    def make_q_pipeline(self, storage):
+        """Q: one stage, producer = one thread, consumers = the ``q_consumer_warps`` warps that run QK
+        (local to the CTA)."""
         thread = pipeline.Agent.Thread
-        pipe_q = pipeline.PipelineTmaAsync.create(
+        return pipeline.PipelineTmaAsync.create(
             barrier_storage=storage.mbar_q.data_ptr(), num_stages=1,
             producer_group=pipeline.CooperativeGroup(thread, 1),
             consumer_group=pipeline.CooperativeGroup(thread, self.q_consumer_warps),
             tx_count=self.q_bytes, defer_sync=True)
-        pipe_k = self.loader.make_pipeline(storage.mbar_k.data_ptr(), self.k_consumer_warps)
-        return pipe_q, pipe_k
+
+    @cute.jit
+    def new_chunk_state(self, thr_pv, n_rows_thr: cutlass.Constexpr[int]):
+        """A math warpgroup's state at the start of a chunk: its 64 x 256 fp32 O accumulator (zero) and
+        that accumulator's (rows, cols) view, the running row max (-inf), the thread-partial row sum (0)
+        and a slot for the rows' rescale factors."""
+        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((BLOCK_M, HEAD_DIM_V // 2)), Float32)
+        acc_o.fill(0.0)
+        row_max = cute.make_rmem_tensor(n_rows_thr, Float32)
+        row_sum = cute.make_rmem_tensor(n_rows_thr, Float32)
+        row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        return acc_o, layouts.acc_mn_view(acc_o), row_max, row_sum, row_scale
 
     def tiled_mmas(self):
         """The three wgmma shapes of both designs: QK (64x64, Q and K from smem), P.V for 256 output

@@ -24,24 +24,19 @@ that much, so O is almost never rescaled."""
 
 @cute.jit
 def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
-                        row_scale: cute.Tensor, scale_log2: Float32, floor_max=None,
-                        lazy: cutlass.Constexpr[bool] = False):
+                        row_scale: cute.Tensor, scale_log2: Float32, lazy: cutlass.Constexpr[bool] = False):
     """Turn scores ``s_mn`` (rows x cols view, in place) into unnormalised probabilities.
 
     Updates the running ``row_max`` (raw score units) and the thread-partial ``row_sum``, and writes
     into ``row_scale`` the factor by which earlier output rows must be multiplied.
     A row whose scores are all -inf so far keeps max -inf; its probabilities are exactly 0 and its
     factor 1 (it is computed against a max of 0 to avoid inf - inf).
-    ``floor_max`` (optional, per row): the new max is at least this (the seesaw schedule's second
-    tile takes the first tile's max into account, so both tiles end on one max).
     ``lazy``: keep the previous max unless the new one exceeds it by more than ``LAZY_RESCALE_LOG2``
     (then ``row_scale`` is exactly 1; see ``rescale_rows_if_needed``).
     """
     for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
         m_prev = row_max[i]
         m_new = m_prev
-        if const_expr(floor_max is not None):
-            m_new = cute.arch.fmax(m_new, floor_max[i])
         for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
             m_new = cute.arch.fmax(m_new, s_mn[i, j])
         m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)

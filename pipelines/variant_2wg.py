@@ -86,14 +86,7 @@ class MLADecode2WG(MLADecodeBase):
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-            acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((BLOCK_M, HALF)), Float32)
-            acc_o.fill(0.0)
-            acc_o_mn = layouts.acc_mn_view(acc_o)
-            row_max = cute.make_rmem_tensor(n_rows_thr, Float32)
-            row_sum = cute.make_rmem_tensor(n_rows_thr, Float32)
-            row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
-            row_max.fill(-Float32.inf)
-            row_sum.fill(0.0)
+            acc_o, acc_o_mn, row_max, row_sum, row_scale = self.new_chunk_state(thr_pv, n_rows_thr)
             row_limit = self.row_limits(seqlen, m_block, tScS)
 
             pipe_q.consumer_wait(q_state)

@@ -82,12 +82,7 @@ class MLADecodeSeesaw(MLADecodeBase):
     def make_pipelines(self, storage):
         """Q as in the skeleton (both warpgroups consume it); K: one pipeline per column group over the
         same two stages, each completing on the group's bytes."""
-        thread = pipeline.Agent.Thread
-        pipe_q = pipeline.PipelineTmaAsync.create(
-            barrier_storage=storage.mbar_q.data_ptr(), num_stages=1,
-            producer_group=pipeline.CooperativeGroup(thread, 1),
-            consumer_group=pipeline.CooperativeGroup(thread, self.q_consumer_warps),
-            tx_count=self.q_bytes, defer_sync=True)
+        pipe_q = self.make_q_pipeline(storage)
         bytes_per_block = BLOCK_N * COL_BLOCK * self.dtype.width // 8
         ptr = storage.mbar_k.data_ptr()
         pipe_g0 = self.loader.make_pipeline(ptr, self.k_consumer_warps, tx_bytes=len(G0_COLS) * bytes_per_block)
@@ -200,15 +195,8 @@ class MLADecodeSeesaw(MLADecodeBase):
                     self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_own, prod, r, blk, seqlen, kv_head,
                                           wg_tidx, cols=cols_own)
                     prod.advance()
-            acc_o = cute.make_rmem_tensor(thr_rs.partition_shape_C((BLOCK_M, HALF)), Float32)
-            acc_o.fill(0.0)
-            acc_o_mn = layouts.acc_mn_view(acc_o)
-            row_max = cute.make_rmem_tensor(n_rows_thr, Float32)
-            row_sum = cute.make_rmem_tensor(n_rows_thr, Float32)
-            row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
+            acc_o, acc_o_mn, row_max, row_sum, row_scale = self.new_chunk_state(thr_rs, n_rows_thr)
             other_max = cute.make_rmem_tensor(n_rows_thr, Float32)
-            row_max.fill(-Float32.inf)
-            row_sum.fill(0.0)
             row_limit = self.row_limits(seqlen, m_block, tScS)
             pipe_q.consumer_wait(q_state)
 

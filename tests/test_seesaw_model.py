@@ -19,12 +19,10 @@ TILE = 64
 LOG2E = math.log2(math.e)
 
 
-def _lazy_max(m_prev, tile_scores, c, floor=None):
-    """The kernel's new max: max(m_prev, floor, rowmax), kept at m_prev unless it grew by more than
-    the threshold (in log2 units after the scale)."""
+def _lazy_max(m_prev, tile_scores, c):
+    """The kernel's new max: max(m_prev, rowmax), kept at m_prev unless it grew by more than the
+    threshold (in log2 units after the scale)."""
     m_new = torch.maximum(m_prev, tile_scores.max(dim=1).values)
-    if floor is not None:
-        m_new = torch.maximum(m_new, floor)
     grew = (m_new - m_prev) * c > LAZY_RESCALE_LOG2  # NaN (-inf - -inf) compares False: stays -inf
     return torch.where(grew, m_new, m_prev)
 
@@ -64,10 +62,10 @@ def seesaw_model(scores: torch.Tensor, v: torch.Tensor, scale: float):
         p0, sum0 = _probs(s0, m0, c)
         l0 = l0 * f0 + sum0
         o_l = o_l * f0[:, None] + p0 @ v0[:, :half]
-        # WG1: O_R to m0, O_R += P0.V_R(t0); then its own tile against m0.
-        f = _factor(m, m0, c)
-        l1 = l1 * f
-        o_r = o_r * f[:, None] + p0 @ v0[:, half:]
+        # WG1: O_R to m0 (the same factor f0, computed from the published m0), O_R += P0.V_R(t0);
+        # then its own tile against m0.
+        l1 = l1 * f0
+        o_r = o_r * f0[:, None] + p0 @ v0[:, half:]
         if t1 < n_tiles:
             s1 = scores[:, t1 * TILE:(t1 + 1) * TILE]
             v1 = v[t1 * TILE:(t1 + 1) * TILE]
