@@ -146,7 +146,7 @@ def edge_plan_cases(num_sms: int = PLAN_CASE_NUM_SMS) -> list[PlanCase]:
     """Planner corners beyond ``plan_cases``: int32-extreme lengths whose budgets reach 2^30 (where
     the kernel switches its walk from 32-bit to 64-bit arithmetic) or stop just below it, the
     largest batch the kernel plans, more parts than tiles, many parts for one request, every
-    length zero. ``num_parts`` is set directly where the corner needs it."""
+    length zero, whole-request plans and their fallback. ``num_parts`` is set directly where the corner needs it."""
     from split_k import planner_kernel
 
     top = 2**31 - 1  # ceil(top / 64) = 2^25 tiles
@@ -166,4 +166,11 @@ def edge_plan_cases(num_sms: int = PLAN_CASE_NUM_SMS) -> list[PlanCase]:
     cases.append(PlanCase([1, 0, 1], 1, 16, num_sms))
     cases.append(PlanCase([131072], 1, 16, planner_kernel.MAX_PARTS))
     cases.append(PlanCase([0] * 1000, 1, 16, num_sms))
+    # Whole requests (planner.whole_capacity): capacity above the payload; the walk's padding past
+    # b (33 requests, one per part, exactly num_parts parts) must not count as parts; too many parts
+    # for whole requests, so the balanced walk runs after the whole one.
+    cases.append(PlanCase([1024] * 64, 1, 16, num_sms))
+    cases.append(PlanCase([1024] * 33, 1, 16, 33))
+    cases.append(PlanCase([640] * 3, 1, 16, 2))
+    cases.append(PlanCase([640] * 40 + [64] * 5, 1, 16, 20))
     return cases

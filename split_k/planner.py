@@ -57,6 +57,22 @@ rest of the request continues in the next part. Bounds (checked by the tests):
   (no split), so the parts before the last lose at most ``fixed_cost`` each against ``payload``,
   which is exactly the slack the budget carries.
 
+Whole requests (our addition to FlashMLA's scheme). A split costs more than the balancer's
+``fixed_cost`` charges: the split chunks write fp32 partials that the merge stage reads back, and a
+part that ends inside one request and begins inside the next pays two chunk heads. Where every
+request is short, the balanced plan cuts most of them into two or three chunks. So when every
+request fits whole in a part of capacity ``capacity = max(payload, max request cost)`` and that
+capacity exceeds ``payload`` by at most ``fixed_cost`` (``whole_capacity``), the requests are packed
+whole, in order, into parts of ``capacity`` (a request that does not fit in the rest of a part opens
+the next one), provided that this needs at most ``num_parts`` parts; otherwise the balanced plan
+stands. Such a plan splits nothing, and every part costs at most ``capacity <= payload +
+fixed_cost``. Where the balanced plan splits nothing it is the same plan (its capacity is then
+``payload`` and it closed a part exactly where a request did not fit), so the rule changes only plans
+that would split. Measured on an H200 (docs/perf-notes.md, 2wg, page 64, uniform lengths): with the
+capacity ``fixed_cost`` above ``payload``, b64 s1 h64 1024 keys 52.0 -> 43.3 us, b96 s1 h64 2048
+95.9 -> 75.8, b32 s1 h128 1024 45.9 -> 39.9, b32 s2 h64 1024 45.8 -> 40.3 (b64 s1 h16 1024 36.3 ->
+37.3); with it 8 or more above, the balanced plan was faster (b48 s1 h64 1024 39.1 vs 41.8).
+
 The plan is a pure function of the lengths (deterministic) and runs on the host. The layout only
 needs the lengths and a scan over requests, so a device-side planner (one warp doing the same scan,
 as FlashMLA does) can produce the same tensors later without a host sync.
@@ -173,7 +189,7 @@ def n_blocks(seqlen: int, block_n: int = BLOCK_N) -> int:
 
 
 def plan(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = BLOCK_N,
-         fixed_cost: int = FIXED_COST) -> tuple[torch.Tensor, torch.Tensor]:
+         fixed_cost: int = FIXED_COST, whole_requests: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Split the batch's KV tiles into ``num_parts`` balanced work lists.
 
     Args:
@@ -182,6 +198,8 @@ def plan(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = B
         num_parts: number of parts, usually ``num_sm_parts(...)``.
         block_n: tokens per KV tile (64 for the kernels).
         fixed_cost: per-chunk overhead in tiles charged by the balancer (>= 0).
+        whole_requests: apply the whole-request rule (module docstring); False gives the balanced
+            plan alone (FlashMLA's), for comparisons. The kernels' planners always apply it.
 
     Returns:
         ``(tile_scheduler_metadata, num_splits)``: CPU int32 tensors ``[num_parts, 8]`` and
@@ -198,6 +216,10 @@ def plan(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = B
     b = len(lengths)
     blocks = [n_blocks(n, block_n) for n in lengths]
     _, payload = _budget(blocks, num_parts, fixed_cost)
+    split_above = fixed_cost  # a part with more budget left than this takes a chunk of the next request
+    capacity = whole_capacity(blocks, num_parts, fixed_cost) if whole_requests else None
+    if capacity is not None:  # whole requests only: no budget is large enough to split at
+        payload = split_above = capacity
 
     metadata = [[0, 0, -1, 0, 0, 0, 0, 0] for _ in range(num_parts)]
     num_splits = [0] * (b + 1)
@@ -214,7 +236,7 @@ def plan(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = B
                 num_splits[req + 1] = num_splits[req] + split + 1
                 req, block, split = req + 1, 0, 0
                 continue
-            if budget > fixed_cost:  # take what the budget allows; the rest goes to the next part
+            if budget > split_above:  # take what the budget allows; the rest goes to the next part
                 block += budget - fixed_cost
                 split += 1
             break
@@ -318,6 +340,26 @@ def _budget(blocks: list[int], num_parts: int, fixed_cost: int) -> tuple[int, in
     total = sum(blocks) + fixed_cost * len(blocks)
     target = -(-total // num_parts)
     return target, target + fixed_cost
+
+
+def whole_capacity(blocks: list[int], num_parts: int, fixed_cost: int) -> int | None:
+    """The part capacity of a whole-request plan for these tile counts, or None where the balanced
+    plan stands (module docstring, "Whole requests"): ``max(payload, max request cost)`` when that
+    is at most ``payload + fixed_cost`` and packing the requests whole, in order, into parts of that
+    capacity needs at most ``num_parts`` parts. None for an empty batch."""
+    if not blocks:
+        return None
+    _, payload = _budget(blocks, num_parts, fixed_cost)
+    longest = max(blocks) + fixed_cost
+    if longest > payload + fixed_cost:
+        return None
+    capacity = max(payload, longest)
+    parts, budget = 1, capacity
+    for nb in blocks:
+        if nb + fixed_cost > budget:
+            parts, budget = parts + 1, capacity
+        budget -= nb + fixed_cost
+    return capacity if parts <= num_parts else None
 
 
 def balance_budget(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = BLOCK_N,

@@ -11,12 +11,17 @@ in it is only the budget left in the current part when each request starts. One 
 threads, five phases, barriers in between:
 
 1. all threads load the lengths (coalesced, ``LOADS_IN_FLIGHT`` per thread at once), store each
-   request's cost ``tiles + fixed_cost`` in shared memory and reduce the total, which fixes
-   ``target = ceil(total / num_parts)`` and ``payload = target + fixed_cost``;
+   request's cost ``tiles + fixed_cost`` in shared memory and reduce the total and the longest
+   request, which fix ``target = ceil(total / num_parts)``, ``payload = target + fixed_cost`` and
+   the whole-request capacity ``max(payload, longest cost)`` (``planner.whole_capacity``);
 1b. all threads store each request's ``cost_mod`` (its cost reduced modulo ``target`` into
    ``[F + 1, F + target]``; a division only for a request longer than a whole part), so that the
    walk never divides;
-2. warp 0 walks the requests in order and stores the budget each one starts with. One step is
+2. two warps walk the requests in order, at the same time, and store the budget each one starts
+   with: warp 1 the balanced way (below), warp 0 with whole requests only (``_walk_whole``: a
+   request that does not fit opens a part), where the whole-request rule may apply (the longest
+   cost at most ``payload + fixed_cost``), counting the parts; warp 0 publishes which walk stands
+   (whole requests when their parts fit in ``num_parts``). A balanced step is
    three candidates one operation from the budget, an unsigned min and two selects (``_walk_step``);
    no branch and no memory access on the chain: per chunk of ``WALK_CHUNK`` requests the costs come
    into registers with vector loads, the chunk is walked fully unrolled, and its budgets leave with
@@ -105,12 +110,14 @@ most one part per SM (``planner.num_sm_parts``), so this only binds for an expli
 ``num_sms``."""
 WALK_CHUNK = 32
 """Requests the walk takes into registers at a time (and the padding of the request arrays)."""
-HEADER_WORDS = 4 * NUM_WARPS
-"""int32 words of per-warp scratch before the request arrays: Int64 totals, opened and chunks."""
+HEADER_WORDS = 5 * NUM_WARPS + 4
+"""int32 words of scratch before the request arrays: per warp an Int64 total, the longest request's
+tiles, opened and chunks; then the walk's verdict (1: whole requests) and padding to 16 bytes."""
 REQ_FIELDS = 3
 BUDGET, COST, COSTM = range(REQ_FIELDS)
-"""Per-request smem fields: the budget it starts with (phase 2), its cost ``tiles + fixed_cost``
-(phase 1), and ``cost_mod`` (phase 1b)."""
+"""Per-request smem fields: the budget it starts with in a whole-request plan (phase 2), its cost
+``tiles + fixed_cost`` (phase 1), and ``cost_mod`` (phase 1b), which the balanced walk overwrites
+with the budget it starts with in the balanced plan (phase 2)."""
 SMEM_LIMIT = 227 * 1024
 """Opt-in shared memory per block on Hopper; ``smem_bytes(MAX_BATCH, MAX_PARTS)`` stays below it."""
 CAP = 1 << 30
@@ -175,8 +182,10 @@ def _walk_step(budget: int, cost: int, costm: int, payload: int, target: int, fi
     return payload - costm
 
 
-def _request_plan(budget: int, nb: int, payload_c: int, target_c: int, fixed_cost: int):
-    """Phase 3: what request ``r`` does from the (clamped) budget it starts with.
+def _request_plan(budget: int, nb: int, payload_c: int, target_c: int, fixed_cost: int, split_above: int):
+    """Phase 3: what request ``r`` does from the (clamped) budget it starts with. A request that does
+    not fit closes the part when at most ``split_above`` is left (``fixed_cost``; the capacity
+    for a whole-request plan, which never splits), else it takes what is left.
 
     Returns ``(waste, first, n_new)``: whether it closes the current part and opens a fresh one at
     block 0, how many tiles its first chunk takes when it is split (the chunk in the part where it
@@ -184,7 +193,7 @@ def _request_plan(budget: int, nb: int, payload_c: int, target_c: int, fixed_cos
     """
     cost = nb + fixed_cost
     waste = 0
-    if cost > budget and budget <= fixed_cost:
+    if cost > budget and budget <= split_above:
         waste = 1
         budget = payload_c
     first = 0
@@ -207,26 +216,44 @@ def kernel_model(lengths: Sequence[int], num_parts: int, block_n: int = BLOCK_N,
     """
     _check_knobs(block_n, fixed_cost)
     b = len(lengths)
-    # Phase 1: tile counts and the budget.
+    # Phase 1: tile counts, the budget and the whole-request capacity.
     blocks = [(max(n, 0) + block_n - 1) // block_n for n in lengths]
     total = sum(blocks) + fixed_cost * b
     target = (total + num_parts - 1) // num_parts
     payload = target + fixed_cost
+    longest = max(blocks, default=0) + fixed_cost
+    capacity = max(payload, longest)
 
     # Phase 1b (in parallel once target is known): each request's cost modulo target (cost_mod).
     costm = [cost_mod(nb, target, fixed_cost) for nb in blocks]
 
     # Phase 2: the serial walk; budgets[r] = budget left in the current part when request r starts.
+    # Whole requests first where the rule may apply; the balanced walk if that needs too many parts.
     budgets = [0] * b
-    budget = payload
-    for r in range(b):
-        budgets[r] = min(budget, CAP)
-        budget = _walk_step(budget, blocks[r] + fixed_cost, costm[r], payload, target, fixed_cost)
+    whole = False
+    if b > 0 and longest <= payload + fixed_cost:
+        budget, parts = capacity, 1
+        for r in range(b):
+            budgets[r] = min(budget, CAP)
+            cost = blocks[r] + fixed_cost
+            if budget < cost:
+                parts += 1
+            budget = budget - cost if budget >= cost else capacity - cost
+        whole = parts <= num_parts
+    if not whole:
+        budget = payload
+        for r in range(b):
+            budgets[r] = min(budget, CAP)
+            budget = _walk_step(budget, blocks[r] + fixed_cost, costm[r], payload, target, fixed_cost)
 
     # Phase 3: per request (in parallel on the GPU), parts opened and chunks; their exclusive prefix
-    # sums give the index of the first part each request opens and its workspace rows.
-    payload_c, target_c = min(payload, CAP), min(target, CAP)
-    plans = [_request_plan(budgets[r], blocks[r], payload_c, target_c, fixed_cost) for r in range(b)]
+    # sums give the index of the first part each request opens and its workspace rows. Whole
+    # requests: a request that does not fit closes the part whatever is left in it (split_above).
+    payload_c, target_c, split_above = min(payload, CAP), min(target, CAP), fixed_cost
+    if whole:
+        payload_c = split_above = min(capacity, CAP)
+        target_c = payload_c - fixed_cost
+    plans = [_request_plan(budgets[r], blocks[r], payload_c, target_c, fixed_cost, split_above) for r in range(b)]
     begin_req, begin_block, begin_split = [0] * num_parts, [0] * num_parts, [0] * num_parts
     num_splits = [0] * (b + 1)
     opened = chunks = 0  # exclusive prefix sums
@@ -311,8 +338,10 @@ class SplitPlanner:
         # Dynamic smem, carved by hand (sizes are run-time values): header, requests, part begins.
         base32 = cute.arch.get_dyn_smem(Int32, alignment=16)
         sWarpTotal = cute.make_tensor(cute.arch.get_dyn_smem(Int64, alignment=16), cute.make_layout(NUM_WARPS))
-        sWarpOpened = cute.make_tensor(base32 + 2 * NUM_WARPS, cute.make_layout(NUM_WARPS))
-        sWarpChunks = cute.make_tensor(base32 + 3 * NUM_WARPS, cute.make_layout(NUM_WARPS))
+        sWarpLongest = cute.make_tensor(base32 + 2 * NUM_WARPS, cute.make_layout(NUM_WARPS))
+        sWarpOpened = cute.make_tensor(base32 + 3 * NUM_WARPS, cute.make_layout(NUM_WARPS))
+        sWarpChunks = cute.make_tensor(base32 + 4 * NUM_WARPS, cute.make_layout(NUM_WARPS))
+        sWhole = cute.make_tensor(base32 + 5 * NUM_WARPS, cute.make_layout(1))
         # Request r's fields live at [r % W, r // W, field]: a chunk's W values of one field are
         # contiguous and 16-byte aligned (static strides), so the walk moves them with vector accesses.
         sReq = cute.make_tensor(base32 + HEADER_WORDS, cute.make_layout(
@@ -326,6 +355,7 @@ class SplitPlanner:
         # tiles overflows int32). LOADS_IN_FLIGHT loads per thread are issued before any is used (a
         # guarded register array), so a large batch pays the global latency once per group.
         local = Int64(0)
+        longest_nb = Int32(0)
         rLen = cute.make_rmem_tensor(LOADS_IN_FLIGHT, Int32)
         for base in cutlass.range(tidx, b, THREADS * LOADS_IN_FLIGHT, unroll=1):
             for i in cutlass.range_constexpr(LOADS_IN_FLIGHT):
@@ -339,9 +369,12 @@ class SplitPlanner:
                 if r < b:
                     sReq[r % W, r // W, COST] = nb + F
                 local += Int64(nb)  # 0 for the guarded-off slots
+                longest_nb = cutlass.max(longest_nb, nb)
         local = cute.arch.warp_reduction_sum(local)
+        longest_nb = cute.arch.warp_reduction(longest_nb, op=lambda x, y: cutlass.max(x, y))
         if lane == 0:
             sWarpTotal[warp] = local
+            sWarpLongest[warp] = longest_nb
         cute.arch.sync_threads()
         # Every thread derives the budget itself (no broadcast barrier needed).
         total = Int64(F) * Int64(b)
@@ -351,6 +384,11 @@ class SplitPlanner:
         payload = target + F
         payload_c = Int32(cutlass.min(payload, Int64(CAP)))
         target_c = Int32(cutlass.min(target, Int64(CAP)))
+        longest_nb = Int32(0)
+        for w in cutlass.range_constexpr(NUM_WARPS):
+            longest_nb = cutlass.max(longest_nb, sWarpLongest[w])
+        longest = Int64(longest_nb) + F
+        capacity = cutlass.max(payload, longest)
 
         # Phase 1b: cost_mod of every request (the same thread wrote its cost in phase 1: same
         # index stride), and costs of F for the padding up to whole chunks, which the walk reads.
@@ -367,14 +405,37 @@ class SplitPlanner:
             sReq[r % W, r // W, COSTM] = costm
         cute.arch.sync_threads()
 
-        # Phase 2: warp 0 walks the requests, all lanes in step (no divergence, no shuffles); only
+        # Phase 2: two warps walk the requests, all lanes of each in step (no divergence, no shuffles); only
         # the budget chain is serial. 32-bit arithmetic whenever every budget fits; 64-bit otherwise.
+        # The two walks run at once on two warps (each as long as the other), so trying whole
+        # requests costs no time: warp 0 the whole-request walk (budgets into BUDGET) and its verdict,
+        # warp 1 the balanced walk (budgets into COSTM, each chunk's cost_mods read before its
+        # budgets overwrite them; nothing else reads COSTM after phase 1b).
         if warp == 0:
+            whole = Int32(0)
+            if (b > 0) & (longest <= payload + F):
+                parts = Int32(0)
+                if capacity < CAP:
+                    parts = self._walk_whole(Int32, sReq, chunks, b, capacity)
+                else:
+                    parts = self._walk_whole(Int64, sReq, chunks, b, capacity)
+                if parts <= num_parts:
+                    whole = Int32(1)
+            if lane == 0:
+                sWhole[0] = whole
+        if warp == 1:
             if payload < CAP:
                 self._walk(Int32, sReq, chunks, payload, target)
             else:
                 self._walk(Int64, sReq, chunks, payload, target)
         cute.arch.sync_threads()
+        split_above = Int32(F)
+        budget_field = Int32(COSTM)
+        if sWhole[0] == 1:  # a request that does not fit closes its part whatever is left
+            payload_c = Int32(cutlass.min(capacity, Int64(CAP)))
+            target_c = payload_c - F
+            split_above = payload_c
+            budget_field = Int32(BUDGET)
 
         # Phase 3: each thread takes a contiguous run of requests; a block-wide exclusive scan of
         # (parts opened, chunks) places each request's part begins and num_splits entries.
@@ -384,8 +445,9 @@ class SplitPlanner:
         opened = Int32(0)
         nchunks = Int32(0)
         for r in cutlass.range(lo, hi, unroll=1):
-            waste, first, n_new = self._request_plan(sReq[r % W, r // W, BUDGET],
-                                                     sReq[r % W, r // W, COST] - F, payload_c, target_c)
+            waste, first, n_new = self._request_plan(sReq[r % W, r // W, budget_field],
+                                                     sReq[r % W, r // W, COST] - F, payload_c, target_c,
+                                                     split_above)
             opened += waste + n_new
             nchunks += n_new + 1
         own_opened = opened
@@ -416,8 +478,9 @@ class SplitPlanner:
                 sBeginBlock[0] = Int32(0)
                 sBeginSplit[0] = Int32(0)
         for r in cutlass.range(lo, hi, unroll=1):
-            waste, first, n_new = self._request_plan(sReq[r % W, r // W, BUDGET],
-                                                     sReq[r % W, r // W, COST] - F, payload_c, target_c)
+            waste, first, n_new = self._request_plan(sReq[r % W, r // W, budget_field],
+                                                     sReq[r % W, r // W, COST] - F, payload_c, target_c,
+                                                     split_above)
             part = opened + 1  # parts other than 0 are opened by the request they begin in
             if waste == 1:
                 if part < num_parts:
@@ -472,8 +535,8 @@ class SplitPlanner:
 
     @cute.jit
     def _walk(self, ty: cutlass.Constexpr, sReq: cute.Tensor, chunks: Int32, payload64: Int64, target64: Int64):
-        """Phase 2 in integer type ``ty`` (every lane of warp 0 the same): the budget (clamped to
-        CAP) each request starts with, into ``sReq[.., BUDGET]``. Per chunk of ``WALK_CHUNK``
+        """Phase 2 in integer type ``ty`` (every lane of warp 1 the same): the budget (clamped to
+        CAP) each request starts with, into ``sReq[.., COSTM]`` over the cost_mods. Per chunk of ``WALK_CHUNK``
         requests: the costs and cost_mods come into registers (vector loads, one latency per
         chunk), the chunk is walked fully unrolled with ``_walk_step``'s three selects (no branch, no
         memory access on the chain), and the budgets leave with vector stores."""
@@ -505,16 +568,44 @@ class SplitPlanner:
                 kept = ty(cutlass.select_(budget >= cost, whole, payload - costm))
                 split_left = ty(cutlass.min(uty(d), uty(d_wrapped)))
                 budget = ty(cutlass.select_((budget >= cost) | (budget <= F), kept, split_left))
-            cute.autovec_copy(rBudget, sReq[None, c, BUDGET])
+            cute.autovec_copy(rBudget, sReq[None, c, COSTM])
 
     @cute.jit
-    def _request_plan(self, budget: Int32, nb: Int32, payload_c: Int32, target_c: Int32):
+    def _walk_whole(self, ty: cutlass.Constexpr, sReq: cute.Tensor, chunks: Int32, b: Int32,
+                    capacity64: Int64) -> Int32:
+        """Phase 2 for a whole-request plan, in integer type ``ty``: the budget (clamped to CAP) each
+        request starts with, into ``sReq[.., BUDGET]``, with parts of ``capacity`` where a request
+        that does not fit opens the next part; returns the number of parts. Same shape as
+        ``_walk``: per chunk, costs in with vector loads, an unrolled select chain, budgets out with
+        vector stores; the padding past ``b`` is walked but not counted."""
+        W = WALK_CHUNK
+        capacity = ty(capacity64)
+        budget = capacity
+        parts = Int32(1)
+        for c in cutlass.range(chunks, unroll=1):
+            rCost = cute.make_rmem_tensor(W, Int32)
+            rBudget = cute.make_rmem_tensor(W, Int32)
+            cute.autovec_copy(sReq[None, c, COST], rCost)
+            for j in cutlass.range_constexpr(W):
+                cost = ty(rCost[j])
+                if cutlass.const_expr(ty is Int64):
+                    rBudget[j] = Int32(cutlass.min(budget, Int64(CAP)))
+                else:
+                    rBudget[j] = budget
+                fits = budget >= cost
+                parts += Int32(cutlass.select_(fits | (c * W + j >= b), Int32(0), Int32(1)))
+                budget = ty(cutlass.select_(fits, budget - cost, capacity - cost))
+            cute.autovec_copy(rBudget, sReq[None, c, BUDGET])
+        return parts
+
+    @cute.jit
+    def _request_plan(self, budget: Int32, nb: Int32, payload_c: Int32, target_c: Int32, split_above: Int32):
         """``_request_plan`` of the model, on the device: ``(waste, first, n_new)`` as Int32."""
         F = self.fixed_cost
         cost = nb + F
         waste = Int32(0)
         if cost > budget:
-            if budget <= F:
+            if budget <= split_above:
                 waste = Int32(1)
                 budget = payload_c
         first = Int32(0)

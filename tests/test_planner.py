@@ -49,14 +49,30 @@ def _check_plan(lengths, num_parts, block_n=64, fixed_cost=5):
     # Balance.
     target, payload = planner.balance_budget(lengths, num_parts, block_n, fixed_cost)
     costs = [sum(planner.chunk_cost(c, fixed_cost) for c in part) for part in parts]
-    assert max(costs) <= payload, f"a part costs {max(costs)} > ceil(total / parts) + fixed = {payload}"
     nonempty = [p for p, part in enumerate(parts) if part]
     if nonempty:
         assert nonempty == list(range(len(nonempty))), "empty parts only at the tail"
-        for p in nonempty[:-1]:
-            assert costs[p] >= target, f"part {p} costs {costs[p]} < ceil(total / parts) = {target}"
     for p in range(len(nonempty), num_parts):
         assert metadata[p].tolist() == [0, 0, -1, 0, 0, 0, 0, 0]
+    capacity = planner.whole_capacity(blocks, num_parts, fixed_cost)
+    balanced_meta, balanced_splits = planner.plan(lengths, num_parts, block_n=block_n, fixed_cost=fixed_cost,
+                                                  whole_requests=False)
+    if capacity is not None:
+        # Whole requests: nothing split, each part within the capacity, a part closed only where the
+        # next request did not fit, and the capacity at most fixed_cost above the payload.
+        assert payload <= capacity <= payload + fixed_cost
+        assert n_chunks == [1] * b, "a whole-request plan splits nothing"
+        assert max(costs) <= capacity
+        for p in nonempty[:-1]:
+            nxt = parts[p + 1][0]
+            assert costs[p] + planner.chunk_cost(nxt, fixed_cost) > capacity, f"part {p} closed early"
+        if balanced_splits[-1] == b:  # the balanced plan splits nothing either: the same plan
+            assert metadata.equal(balanced_meta) and num_splits.equal(balanced_splits)
+        return parts
+    assert metadata.equal(balanced_meta) and num_splits.equal(balanced_splits)
+    assert max(costs) <= payload, f"a part costs {max(costs)} > ceil(total / parts) + fixed = {payload}"
+    for p in nonempty[:-1]:
+        assert costs[p] >= target, f"part {p} costs {costs[p]} < ceil(total / parts) = {target}"
     # No split when it fits: a request is split only if its whole remaining cost did not fit in
     # the budget left in the part where its first chunk lies.
     for r in range(b):
@@ -80,11 +96,46 @@ def test_num_sm_parts_follows_flashmla_rule():
 
 
 def test_plan_splits_a_request_that_does_not_fit():
-    # blocks [2, 5], total cost 2 + 5 + 2 * 5 = 17, payload ceil(17 / 2) + 5 = 14: part 0 takes
-    # request 0 (7) and 2 tiles of request 1 (2 + 5), part 1 the remaining 3 tiles (3 + 5).
-    metadata, num_splits = planner.plan([100, 300], 2)
+    # blocks [2, 30], total cost 2 + 30 + 2 * 5 = 42, payload ceil(42 / 2) + 5 = 26: part 0 takes
+    # request 0 (7) and 14 tiles of request 1 (14 + 5), part 1 the remaining 16 tiles (16 + 5).
+    # (Request 1 costs 35 > 26 + 5: the whole-request rule does not apply.)
+    metadata, num_splits = planner.plan([100, 64 * 30], 2)
+    assert metadata.tolist() == [[0, 0, 1, 14, 0, 0, 0, 0], [1, 14, 1, 30, 1, 0, 0, 0]]
+    assert num_splits.tolist() == [0, 1, 3]
+
+
+def test_whole_requests_instead_of_a_split():
+    # blocks [2, 5], total cost 17, payload ceil(17 / 2) + 5 = 14. The balanced plan splits request 1
+    # (part 0: request 0 and 2 tiles of request 1, part 1: the other 3); every request fits whole in a
+    # part of 14, and two parts hold them, so each request gets its own part.
+    metadata, num_splits = planner.plan([100, 300], 2, whole_requests=False)
     assert metadata.tolist() == [[0, 0, 1, 2, 0, 0, 0, 0], [1, 2, 1, 5, 1, 0, 0, 0]]
     assert num_splits.tolist() == [0, 1, 3]
+    assert planner.whole_capacity([2, 5], 2, 5) == 14
+    metadata, num_splits = planner.plan([100, 300], 2)
+    assert metadata.tolist() == [[0, 0, 0, 2, 0, 0, 0, 0], [1, 0, 1, 5, 0, 0, 0, 0]]
+    assert num_splits.tolist() == [0, 1, 2]
+
+
+def test_whole_requests_capacity_up_to_fixed_cost_above_payload():
+    # 64 requests of 16 tiles on 132 parts (b64 s1 h64, 1024 keys): payload ceil(64 * 21 / 132) + 5
+    # = 16 < 21 = one request, 21 <= 16 + 5: one request per part, 64 parts, no split (the balanced
+    # plan cuts 64 requests into 171 chunks).
+    lengths = [1024] * 64
+    assert planner.balance_budget(lengths, 132) == (11, 16)
+    assert planner.whole_capacity([16] * 64, 132, 5) == 21
+    _, balanced = planner.plan(lengths, 132, whole_requests=False)
+    assert balanced[-1] == 64 + 107
+    parts = _check_plan(lengths, 132)
+    assert [len(p) for p in parts] == [1] * 64 + [0] * 68
+    # 32 requests of 32 tiles on 132 parts: payload 14, a request costs 37 > 14 + 5: balanced plan.
+    assert planner.whole_capacity([32] * 32, 132, 5) is None
+    # Whole requests that would need more parts than there are: balanced plan. Blocks [10, 10, 10]
+    # on 2 parts: payload ceil(45 / 2) + 5 = 28 >= 15, but 15 + 15 > 28: three parts.
+    assert planner.whole_capacity([10, 10, 10], 2, 5) is None
+    _check_plan([640] * 3, 2)
+    assert planner.whole_capacity([10, 10, 10], 3, 5) == 20
+    assert planner.whole_capacity([], 4, 5) is None
 
 
 def test_plan_does_not_split_when_only_the_fixed_cost_would_fit():
