@@ -51,6 +51,9 @@ class MLADecodeBase:
     # Lazy rescaling of O (softmax.LAZY_RESCALE_LOG2). A class constant, not a setting: the kernel
     # cache keys on the sources. (An A/B sets it False on the class with the disk cache off.)
     lazy_rescale = True
+    # 16-byte stores of O into 16-bit destinations (store_rows_16). A class constant like lazy_rescale
+    # (False: one store per fragment pair, the form before; kept for the A/B).
+    vector_stores = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -404,23 +407,74 @@ class MLADecodeBase:
         tOcO = layouts.acc_mn_view(thr_mma.partition_C(cO))
         acc_mn = layouts.acc_mn_view(acc)
         row_base = m_block * BLOCK_M
+        # 16-bit destinations (out; partials in the input dtype) take 16-byte stores of whole 8-column
+        # blocks, gathered within each quad of lanes (store_row_16); fp32 partials keep the fragment's
+        # 8-byte pair stores, which already fill a 32-byte sector per quad.
+        vector_partials = self.vector_stores and mOaccum.element_type.width == 16
+        if const_expr(self.vector_stores):
+            if is_split:
+                if const_expr(vector_partials):
+                    self.store_rows_16(acc_mn, tOcO, wg_tidx, row_inv, col0, row_base, kv_head, split_idx, mOaccum)
+            else:
+                self.store_rows_16(acc_mn, tOcO, wg_tidx, row_inv, col0, row_base, kv_head, r, mO)
         for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
             row = row_base + tOcO[i, 0][0]
             if row < self.rows:
                 inv = row_inv[i]
                 if is_split:
-                    for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                        mOaccum[row, col0 + tOcO[i, j][1], kv_head, split_idx] = (
-                            (acc_mn[i, j] * inv).to(mOaccum.element_type))
+                    if const_expr(not vector_partials):
+                        for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                            mOaccum[row, col0 + tOcO[i, j][1], kv_head, split_idx] = (
+                                (acc_mn[i, j] * inv).to(mOaccum.element_type))
                 else:
-                    for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                        mO[row, col0 + tOcO[i, j][1], kv_head, r] = (acc_mn[i, j] * inv).to(mO.element_type)
+                    if const_expr(not self.vector_stores):
+                        for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                            mO[row, col0 + tOcO[i, j][1], kv_head, r] = (acc_mn[i, j] * inv).to(mO.element_type)
                 if const_expr(write_lse):
                     if wg_tidx % 4 == 0:
                         if is_split:
                             mLSEaccum[row, kv_head, split_idx] = row_lse[i]
                         else:
                             mLSE[row, kv_head, r] = row_lse[i]
+
+    @cute.jit
+    def store_rows_16(self, acc_mn: cute.Tensor, tOcO: cute.Tensor, wg_tidx: Int32, row_inv: cute.Tensor,
+                      col0: cutlass.Constexpr[int], row_base: Int32, kv_head: Int32, last: Int32, mDst: cute.Tensor):
+        """Store a warpgroup's normalised 64 x 256 slice of O into the 16-bit ``mDst[row, col, kv_head,
+        last]`` with 16-byte stores (rows past h_q * s_q not stored).
+
+        The wgmma fragment gives each lane of a quad (the 4 lanes sharing a row) 2 of the 8 columns of
+        every 8-column block, so a direct store is 4 bytes per lane and a quad fills half a 32-byte
+        sector per instruction (L2 then merges partial sectors). Instead, per group of 4 blocks, the
+        quad transposes its 4 x 4 matrix of bf16/fp16 pairs (lane q ends with block 4g + q whole:
+        two butterfly exchanges, 4 shuffles) and each lane stores 16 contiguous bytes: a quad writes
+        64 contiguous bytes, 8 instructions per row instead of 32. The shuffles run on every lane
+        (rows past the end included) so that the full-warp shuffles never diverge; only the stores
+        are predicated.
+        """
+        q = wg_tidx % 4
+        hi_bit = (q & 2) != 0
+        lo_bit = (q & 1) != 0
+        for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            row = row_base + tOcO[i, 0][0]
+            inv = row_inv[i]
+            for g in cutlass.range_constexpr(cute.size(acc_mn, mode=[1]) // 8):
+                # p_k: this lane's two columns of block 4g + k, packed.
+                j = 8 * g
+                p0 = _pack_16x2(acc_mn[i, j] * inv, acc_mn[i, j + 1] * inv, mDst.element_type)
+                p1 = _pack_16x2(acc_mn[i, j + 2] * inv, acc_mn[i, j + 3] * inv, mDst.element_type)
+                p2 = _pack_16x2(acc_mn[i, j + 4] * inv, acc_mn[i, j + 5] * inv, mDst.element_type)
+                p3 = _pack_16x2(acc_mn[i, j + 6] * inv, acc_mn[i, j + 7] * inv, mDst.element_type)
+                # Exchange with lane q ^ 2: lanes with bit 1 clear keep blocks 0-1 of both lanes,
+                # the others blocks 2-3; then with lane q ^ 1 likewise for single blocks.
+                p0, p2 = _swap_half(p0, p2, hi_bit, 2)
+                p1, p3 = _swap_half(p1, p3, hi_bit, 2)
+                p0, p1 = _swap_half(p0, p1, lo_bit, 1)
+                p2, p3 = _swap_half(p2, p3, lo_bit, 1)
+                if row < self.rows:
+                    col = col0 + 8 * (4 * g + q)
+                    ptr = mDst.iterator + cute.crd2idx((row, col, kv_head, last), mDst.layout)
+                    _store_global_v4(ptr, (p0, p1, p2, p3))
 
     @cute.jit
     def store_chunk(self, acc: cute.Tensor, tiled_mma: cute.TiledMma, wg_tidx: Int32, math_tidx: Int32,
@@ -544,6 +598,28 @@ class MLADecodeBase:
         cute.arch.cluster_wait()
         cute.arch.cluster_arrive_relaxed()
         cute.arch.cluster_wait()
+
+
+def _pack_16x2(lo: Float32, hi: Float32, dtype) -> Int32:
+    """Two fp32 rounded to the 16-bit ``dtype`` (bf16 or fp16) and packed: ``lo`` in the low half,
+    as the first of two consecutive elements in memory."""
+    op = "cvt.rn.bf16x2.f32" if dtype is cutlass.BFloat16 else "cvt.rn.f16x2.f32"
+    return Int32(llvm.inline_asm(Int32.mlir_type, [Float32(hi).ir_value(), Float32(lo).ir_value()],
+                                 f"{op} $0, $1, $2;", "=r,f,f", has_side_effects=False))
+
+
+def _swap_half(a: Int32, b: Int32, upper, offset: int):
+    """One butterfly step of a quad transpose: lanes with ``upper`` clear send ``b`` to lane
+    ``lane ^ offset`` and take its ``a`` in place of ``b``; lanes with ``upper`` set send ``a`` and take
+    the partner's ``b`` in place of ``a``."""
+    got = cute.arch.shuffle_sync_bfly(cutlass.select_(upper, a, b), offset=offset)
+    return cutlass.select_(upper, got, a), cutlass.select_(upper, b, got)
+
+
+def _store_global_v4(ptr, words):
+    """One 16-byte global store of four 32-bit ``words`` at ``ptr`` (16-byte aligned)."""
+    llvm.inline_asm(None, [cutlass.Int64(ptr.toint()).ir_value()] + [Int32(w).ir_value() for w in words],
+                    "st.global.v4.b32 [$0], {$1, $2, $3, $4};", "l,r,r,r,r", has_side_effects=True)
 
 
 def _load_cluster_f32x4(local_ptr, rank):
