@@ -640,7 +640,7 @@ class MLADecoder:
         ``"device"``/``"host"`` (see ``get_mla_metadata``; ``"auto"`` is the kernel for lengths on the
         planned CUDA device, the host planner otherwise); ``partial_dtype``: dtype of the split-kv
         partial outputs, ``"float32"``, ``"input"`` (q's dtype: half the partial traffic) or q's
-        torch dtype; None: the ``MLA_PARTIAL_DTYPE`` environment variable, else float32. (Under
+        torch dtype; None: the ``MLA_PARTIAL_DTYPE`` environment variable, else the input dtype. (Under
         ``torch.compile`` the launch goes through ``torch.ops.mla.decode``, whose schema has no
         partial dtype: it follows ``MLA_PARTIAL_DTYPE``.)"""
         if partial_dtype is not None:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 COUNTED = ("HGMMA", "WGMMA_WAIT", "UTMALDG", "UTMALDG_MULTICAST", "USETMAXREG", "LDGSTS", "CLUSTER_BAR", "LD_DSMEM",
+           "STG_128",
            "LDL", "STL")
 _PATTERNS = {
     "HGMMA": re.compile(r"\bHGMMA\b"),
@@ -45,6 +46,8 @@ _PATTERNS = {
     # nothing else in these kernels loads 16 bytes through the generic path; global loads are LDG).
     "CLUSTER_BAR": re.compile(r"\bUCGABAR_ARV\b"),
     "LD_DSMEM": re.compile(r"\bLD\.E\.128\b"),
+    # 16-byte global stores: the epilogue's stores of O into 16-bit out / partials (skeleton.store_rows_16).
+    "STG_128": re.compile(r"\bSTG\.E\.128\b"),
     "LDL": re.compile(r"\bLDL\b"),
     "STL": re.compile(r"\bSTL\b"),
 }
@@ -69,6 +72,7 @@ class Target:
     multicast: bool = True
     split_cluster: int = 1
     registers: int | None = None  # the registers per thread the kernel must start with (None: any)
+    partial: str | None = None  # split-kv partial dtype (None: the default, the input dtype)
 
 
 # What each pipeline variant promises in its SASS, whatever the page size. 2wg: wgmma for QK and PV,
@@ -95,6 +99,7 @@ DECODE_CONFIGS = (
     ("bfloat16", 64, 2, True, 16, False),
     ("bfloat16", 16, 1, False, 64, True, 8),  # a split cluster of 8 (TMA pages)
     ("bfloat16", 64, 2, True, 1, True, 4),  # a split cluster of 4 (cp.async gather), causal MTP
+    ("bfloat16", 64, 1, False, 64, True, 1, "float32"),  # fp32 partials
 )
 
 
@@ -127,15 +132,19 @@ def targets(variants: list[str]) -> list[Target]:
     out = []
     for v in variants:
         p = PROMISES[v]
-        for dtype, h_q, s_q, causal, page, multicast, *split in DECODE_CONFIGS:
-            split_cluster = split[0] if split else 1
+        for dtype, h_q, s_q, causal, page, multicast, *rest in DECODE_CONFIGS:
+            split_cluster = rest[0] if rest else 1
+            partial = rest[1] if len(rest) > 1 else None
             need, forbid = loader_promises(page, h_q, s_q, multicast, split_cluster)
+            if split_cluster == 1:  # O into out through skeleton.store_rows_16 (a split cluster's ranks
+                need += ("STG_128",)  # store from the DSMEM exchange instead)
             name = (f"{v} {'bf16' if dtype == 'bfloat16' else 'fp16'} h{h_q} s_q{s_q}{' causal' if causal else ''} "
-                    f"p{page}{'' if multicast else ' mc-off'}{f' split{split_cluster}' if split_cluster > 1 else ''}")
+                    f"p{page}{'' if multicast else ' mc-off'}{f' split{split_cluster}' if split_cluster > 1 else ''}"
+                    f"{' fp32-partials' if partial == 'float32' else ''}")
             out.append(Target(name, "decode", v, dtype, h_q, s_q, causal,
                               need=tuple(dict.fromkeys(p["need"] + need)),
                               forbid=tuple(dict.fromkeys(p["forbid"] + forbid)), page_size=page, multicast=multicast,
-                              split_cluster=split_cluster, registers=p.get("registers")))
+                              split_cluster=split_cluster, registers=p.get("registers"), partial=partial))
     out.append(Target("merge bf16 h128 s_q1", "merge", None, "bfloat16", 128, 1, False, need=()))
     # The planner: one CTA of scalar code; its walk must stay in registers.
     out.append(Target("planner", "planner", None, "int32", 0, 0, False, need=()))
@@ -183,7 +192,7 @@ def compile_target(t: Target, dump_dir: str):
         # The host entry the API calls (decode + merge kernels, TVM-FFI), so the SASS checked is the
         # SASS that runs; its cubin holds both kernels.
         config = launch.DecodeConfig.make(t.variant, t.dtype, t.h_q, t.s_q, t.page_size, t.causal,
-                                          multicast=t.multicast, split_cluster=t.split_cluster)
+                                          multicast=t.multicast, split_cluster=t.split_cluster, partial=t.partial)
         fn = launch.compile_entry(config, options=options)
     elif t.kind == "merge":
         fn = launch.compile_merge(t.dtype, t.h_q, t.s_q, options=options)

@@ -67,7 +67,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="TMA multicast clusters (where a configuration has one): as MLA_MULTICAST says "
                              "(default: what decodes in this environment will ask for), on, off, or both")
     parser.add_argument("--partial", choices=("env", "float32", "input", "both"), default="env",
-                        help="split-kv partial dtype: as MLA_PARTIAL_DTYPE says (default: float32), fp32, "
+                        help="split-kv partial dtype: as MLA_PARTIAL_DTYPE says (default: the input dtype), fp32, "
                              "the input dtype, or both")
     parser.add_argument("--no-planner", action="store_true", help="leave out the split planner kernel")
     parser.add_argument("--jobs", type=_positive, default=None,

@@ -22,7 +22,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     run = sub.add_parser("run", help="measure the roofline and the grid on this GPU, write a raw JSON")
     run.add_argument("--quick", action="store_true", help="anchor configs only (about a minute)")
-    run.add_argument("--pipeline", help="one pipeline variant (default: every available one)")
+    run.add_argument("--pipeline", action="append", dest="pipeline", metavar="PIPELINE",
+                     help="a pipeline variant to measure (repeatable; default: every available one)")
     run.add_argument("--page-size", type=int, action="append", dest="page_sizes", metavar="N",
                      help="only this page size (repeatable; default: 64, 16 and 1 where supported)")
     run.add_argument("--replays", type=_replays, default=runner.MIN_REPLAYS, help="timed graph replays per config")

@@ -90,19 +90,22 @@ def require_gpu(cuda_available: bool, torch_version: str) -> None:
             "`python -m perf_table regenerate` is the part that runs on a CPU.")
 
 
-def select_variants(available: list[str], known: Iterable[str], requested: str | None) -> list[str]:
-    """The pipeline variants to measure, or a PreflightError saying why there are none."""
+def select_variants(available: list[str], known: Iterable[str], requested: str | Iterable[str] | None) -> list[str]:
+    """The pipeline variants to measure (``requested``: one name, several, or None for every available
+    one), or a PreflightError saying why there are none."""
     known = tuple(known)
     if not available:
         raise PreflightError(
             f"no pipeline variant has a kernel yet: pipelines.VARIANTS = {list(known)}, "
             "pipelines.available_variants() = []. Nothing to measure.")
     if requested is not None:
-        if requested not in available:
-            raise PreflightError(
-                f"--pipeline {requested!r} is not available; available: {available} "
-                f"(known: {list(known)})")
-        return [requested]
+        names = [requested] if isinstance(requested, str) else list(dict.fromkeys(requested))
+        for name in names:
+            if name not in available:
+                raise PreflightError(
+                    f"--pipeline {name!r} is not available; available: {available} "
+                    f"(known: {list(known)})")
+        return names
     return list(available)
 
 
@@ -353,7 +356,7 @@ def _versions(torch) -> dict:
             "cutlass_dsl": dsl}
 
 
-def main(quick: bool = False, pipeline: str | None = None, out: str | None = None, replays: int = MIN_REPLAYS,
+def main(quick: bool = False, pipeline: str | list[str] | None = None, out: str | None = None, replays: int = MIN_REPLAYS,
          page_sizes: list[int] | None = None, commit: str | None = None, eager: bool | None = None,
          auto: bool = True) -> int:
     """Run the benchmark on the current GPU; returns the process exit code. ``eager`` (default: on

@@ -70,7 +70,7 @@ def decode_launcher(variant: str, dtype, num_heads_q: int, seqlen_q: int, page_s
     synchronisation and no allocation. Inputs must already be validated by ``mla``.
     ``multicast``: allow a TMA multicast cluster; None reads ``MLA_MULTICAST`` now.
     ``partial``: dtype of the split-kv partials, ``"float32"``, ``"input"`` (q's dtype) or that dtype;
-    None reads ``MLA_PARTIAL_DTYPE`` now (default float32). ``split_cluster``: the plan's
+    None reads ``MLA_PARTIAL_DTYPE`` now (default: the input dtype). ``split_cluster``: the plan's
     (``split_k.planner.split_cluster``)."""
     _require_kernel(variant)
     from pipelines import paged_kv

@@ -68,7 +68,11 @@ def dtype_name(dtype) -> str:
 
 PARTIAL_CHOICES = ("float32", "input")
 """Split-kv partial dtypes: fp32, or the input dtype (16-bit: half the partial traffic)."""
-DEFAULT_PARTIAL = "float32"
+DEFAULT_PARTIAL = "input"
+"""16-bit partials by default: half the bytes of fp32 ones for the decode kernel to write and the
+merge to read, and with 16-byte stores (skeleton.store_rows_16) faster wherever requests are split
+(H200, 2wg: b1 s1 h128 16384 keys 25.2 -> 21.4 us, b8 s1 h64 4096 27.7 -> 23.5; docs/perf-notes.md).
+Their error against fp32 partials is in docs/perf-notes.md; ``float32`` stays selectable."""
 PARTIAL_ENV_VAR = "MLA_PARTIAL_DTYPE"
 
 

@@ -90,3 +90,7 @@ def test_loader_promises():
     assert any(" p1" in n for n in names) and any("mc-off" in n for n in names)
     (gather,) = [t for t in compile_check.targets(["2wg"]) if t.page_size == 1 and t.split_cluster == 1]
     assert "LDGSTS" in gather.need and "UTMALDG" in gather.need and "UTMALDG_MULTICAST" in gather.forbid
+    # 16-byte stores of O wherever O goes through store_rows_16 (not from a split cluster's exchange).
+    for t in compile_check.targets(["2wg", "3wg"]):
+        if t.kind == "decode":
+            assert ("STG_128" in t.need) == (t.split_cluster == 1), t

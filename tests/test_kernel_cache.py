@@ -272,7 +272,8 @@ def test_decode_config_key_normalises_and_distinguishes():
     base = DecodeConfig.make("2wg", "torch.bfloat16", 16, 1, 64, True)
     assert base == DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False)  # causal means nothing for s_q = 1
     assert base == DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, multicast=False)  # no cluster anyway
-    assert base.key() == ("decode", "2wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32", 1)
+    assert base.key() == ("decode", "2wg", "bfloat16", 16, 1, 64, False, 1, 1, "bfloat16", 1)  # 16-bit partials
+    assert DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, partial="float32").partial == "float32"
     # A split cluster is its own kernel, and it excludes the multicast cluster.
     assert DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, split_cluster=8).key()[-1] == 8
     h128 = DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False)
@@ -291,7 +292,7 @@ def test_decode_config_key_normalises_and_distinguishes():
               DecodeConfig.make("3wg", "bfloat16", 16, 1, 64, False),
               DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False), DecodeConfig.make("2wg", "bfloat16", 128, 1, 64,
                                                                                         False, multicast=False),
-              DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, partial="input")]
+              DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, partial="float32")]
     keys = {base.key()} | {c.key() for c in others}
     assert len(keys) == 1 + len(others)
 

@@ -114,6 +114,9 @@ def test_preflight_messages():
         runner.select_variants(["2wg"], ("2wg", "3wg"), "3wg")
     assert runner.select_variants(["2wg", "3wg"], ("2wg", "3wg"), None) == ["2wg", "3wg"]
     assert runner.select_variants(["2wg", "3wg"], ("2wg", "3wg"), "3wg") == ["3wg"]
+    assert runner.select_variants(["2wg", "3wg", "x"], ("2wg", "3wg", "x"), ["3wg", "2wg", "3wg"]) == ["3wg", "2wg"]
+    with pytest.raises(runner.PreflightError, match="'y' is not available"):
+        runner.select_variants(["2wg", "3wg"], ("2wg", "3wg"), ["2wg", "y"])
 
 
 def test_plan_follows_each_variants_page_sizes():
@@ -484,6 +487,8 @@ def test_planner_timing_cli():
     args = cli.parse_args(["planner", "--batch", "128", "--batch", "7", "--rows", "64"])
     assert (args.command, args.batches, args.rows, args.seqlen, args.replays) == ("planner", [128, 7], 64, 4096, 200)
     assert cli.parse_args(["planner"]).batches is None  # bench.PLANNER_BATCHES
+    assert cli.parse_args(["run", "--pipeline", "2wg", "--pipeline", "3wg"]).pipeline == ["2wg", "3wg"]
+    assert cli.parse_args(["run"]).pipeline is None  # every available variant
     if torch.cuda.is_available():
         return
     proc = subprocess.run([sys.executable, "-m", "perf_table", "planner"], cwd=ROOT, capture_output=True,

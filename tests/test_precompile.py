@@ -30,22 +30,22 @@ def test_every_combination_once_causal_only_where_it_exists(monkeypatch):
     assert skipped == []
     # (..., h_kv, cluster): 128 rows and more at a TMA page size run as 2-CTA multicast clusters.
     assert found == [
-        ("2wg", "bfloat16", 128, 1, 64, False, 1, 2, "float32", 1), ("2wg", "bfloat16", 128, 2, 64, False, 1, 2, "float32", 1),
-        ("2wg", "bfloat16", 128, 2, 64, True, 1, 2, "float32", 1), ("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32", 1),
-        ("2wg", "bfloat16", 16, 2, 64, False, 1, 1, "float32", 1), ("2wg", "bfloat16", 16, 2, 64, True, 1, 1, "float32", 1),
-        ("2wg", "float16", 128, 1, 64, False, 1, 2, "float32", 1), ("2wg", "float16", 128, 2, 64, False, 1, 2, "float32", 1),
-        ("2wg", "float16", 128, 2, 64, True, 1, 2, "float32", 1), ("2wg", "float16", 16, 1, 64, False, 1, 1, "float32", 1),
-        ("2wg", "float16", 16, 2, 64, False, 1, 1, "float32", 1), ("2wg", "float16", 16, 2, 64, True, 1, 1, "float32", 1),
+        ("2wg", "bfloat16", 128, 1, 64, False, 1, 2, "bfloat16", 1), ("2wg", "bfloat16", 128, 2, 64, False, 1, 2, "bfloat16", 1),
+        ("2wg", "bfloat16", 128, 2, 64, True, 1, 2, "bfloat16", 1), ("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "bfloat16", 1),
+        ("2wg", "bfloat16", 16, 2, 64, False, 1, 1, "bfloat16", 1), ("2wg", "bfloat16", 16, 2, 64, True, 1, 1, "bfloat16", 1),
+        ("2wg", "float16", 128, 1, 64, False, 1, 2, "float16", 1), ("2wg", "float16", 128, 2, 64, False, 1, 2, "float16", 1),
+        ("2wg", "float16", 128, 2, 64, True, 1, 2, "float16", 1), ("2wg", "float16", 16, 1, 64, False, 1, 1, "float16", 1),
+        ("2wg", "float16", 16, 2, 64, False, 1, 1, "float16", 1), ("2wg", "float16", 16, 2, 64, True, 1, 1, "float16", 1),
     ]
     assert configs(["--seqlen-q", "2", "--causal", "yes", "--page-size", "64", "--pipeline", "2wg"])[0] == [
-        ("2wg", "bfloat16", 128, 2, 64, True, 1, 2, "float32", 1)]
+        ("2wg", "bfloat16", 128, 2, 64, True, 1, 2, "bfloat16", 1)]
     # Multicast: the environment's switch by default; both where a cluster exists, one entry elsewhere.
     monkeypatch.setenv("MLA_MULTICAST", "0")
-    assert configs(["--page-size", "64", "--pipeline", "2wg"])[0] == [("2wg", "bfloat16", 128, 1, 64, False, 1, 1, "float32", 1)]
+    assert configs(["--page-size", "64", "--pipeline", "2wg"])[0] == [("2wg", "bfloat16", 128, 1, 64, False, 1, 1, "bfloat16", 1)]
     assert configs(["--page-size", "64", "1", "--multicast", "both", "--pipeline", "2wg"])[0] == [
-        ("2wg", "bfloat16", 128, 1, 64, False, 1, 2, "float32", 1), ("2wg", "bfloat16", 128, 1, 64, False, 1, 1, "float32", 1),
-        ("2wg", "bfloat16", 128, 1, 1, False, 1, 1, "float32", 1)]
-    # Partial dtypes: MLA_PARTIAL_DTYPE by default (float32), or both.
+        ("2wg", "bfloat16", 128, 1, 64, False, 1, 2, "bfloat16", 1), ("2wg", "bfloat16", 128, 1, 64, False, 1, 1, "bfloat16", 1),
+        ("2wg", "bfloat16", 128, 1, 1, False, 1, 1, "bfloat16", 1)]
+    # Partial dtypes: MLA_PARTIAL_DTYPE by default (the input dtype), or both.
     assert configs(["--page-size", "64", "--heads-q", "16", "--partial", "both", "--pipeline", "2wg"])[0] == [
         ("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32", 1), ("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "bfloat16", 1)]
     # Default page sizes: every one the pipeline supports.
@@ -70,13 +70,13 @@ def test_auto_compiles_what_auto_may_choose(monkeypatch):
     auto.clear_caches()
     try:
         found, skipped = configs(["--pipeline", "auto", "--heads-q", "16", "128", "--page-size", "64", "16", "3"])
-        assert found == [("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32", 1),
-                         ("3wg", "bfloat16", 16, 1, 64, False, 1, 1, "float32", 1),
-                         ("2wg", "bfloat16", 16, 1, 16, False, 1, 1, "float32", 1),
-                         ("2wg", "bfloat16", 128, 1, 64, False, 1, 2, "float32", 1),
+        assert found == [("2wg", "bfloat16", 16, 1, 64, False, 1, 1, "bfloat16", 1),
+                         ("3wg", "bfloat16", 16, 1, 64, False, 1, 1, "bfloat16", 1),
+                         ("2wg", "bfloat16", 16, 1, 16, False, 1, 1, "bfloat16", 1),
+                         ("2wg", "bfloat16", 128, 1, 64, False, 1, 2, "bfloat16", 1),
                          # batch 1 is nearer the batch-1 key than h_q 128 is to h_q 16 (batch comes first)
-                         ("3wg", "bfloat16", 128, 1, 64, False, 1, 2, "float32", 1),
-                         ("2wg", "bfloat16", 128, 1, 16, False, 1, 2, "float32", 1)]
+                         ("3wg", "bfloat16", 128, 1, 64, False, 1, 2, "bfloat16", 1),
+                         ("2wg", "bfloat16", 128, 1, 16, False, 1, 2, "bfloat16", 1)]
         assert skipped == ["2wg bfloat16 h_q=16 h_kv=1 s_q=1 page=3: page size not supported by 2wg "
                            "(1, 2, 4, 8, 16, 32, 64, 128)", "2wg bfloat16 h_q=128 h_kv=1 s_q=1 page=3: page size "
                            "not supported by 2wg (1, 2, 4, 8, 16, 32, 64, 128)"]
@@ -97,7 +97,7 @@ def test_invalid_combinations_are_reported_not_compiled(monkeypatch):
     monkeypatch.setenv("MLA_SPLIT_CLUSTER", "1")
     found, skipped = configs(["--heads-q", "256", "6", "--heads-k", "1", "4", "--seqlen-q", "1", "5",
                               "--page-size", "64", "--pipeline", "2wg"])
-    assert found == [("2wg", "bfloat16", 256, 1, 64, False, 4, 1, "float32", 1), ("2wg", "bfloat16", 6, 1, 64, False, 1, 1, "float32", 1)]
+    assert found == [("2wg", "bfloat16", 256, 1, 64, False, 4, 1, "bfloat16", 1), ("2wg", "bfloat16", 6, 1, 64, False, 1, 1, "bfloat16", 1)]
     assert "2wg bfloat16 h_q=256 h_kv=1 s_q=1 page=64: h_q / h_kv > 128" in skipped
     assert "2wg bfloat16 h_q=6 h_kv=4 s_q=1 page=64: h_q is not a multiple of h_kv" in skipped
     assert "2wg bfloat16 h_q=6 h_kv=1 s_q=5 page=64: s_q > 4" in skipped
@@ -135,7 +135,7 @@ def test_precompile_stores_and_a_new_process_finds_it(tmp_path):
     assert second.returncode == 0, second.stderr[-3000:]
     assert "already cached" in second.stdout and "0 compiled, 2 already cached" in second.stdout
     listing = _run(["--list"], tmp_path)
-    assert "2 entries" in listing.stdout and "('decode', '2wg', 'bfloat16', 16, 1, 64, False, 1, 1, 'float32', 1)" in listing.stdout
+    assert "2 entries" in listing.stdout and "('decode', '2wg', 'bfloat16', 16, 1, 64, False, 1, 1, 'bfloat16', 1)" in listing.stdout
     assert "('planner',)" in listing.stdout
     # A damaged entry is replaced, not loaded.
     obj.write_bytes(obj.read_bytes()[: obj.stat().st_size // 2])
