@@ -13,6 +13,7 @@ import csv
 import dataclasses
 import difflib
 import io
+import gzip
 import json
 import math
 import pathlib
@@ -58,13 +59,21 @@ class Run:
 
 
 def load_runs(results_dir: pathlib.Path = RESULTS_DIR) -> list[Run]:
-    """Every raw run under ``results_dir``, sorted by file name."""
+    """Every raw run under ``results_dir``, sorted by file name: ``*.json`` as ``perf_table run`` wrote
+    it, or gzip-compressed as ``*.json.gz`` (older runs are kept compressed so the checkout stays small
+    enough to travel to the GPU machine), named without the ``.gz``."""
     runs = []
-    for path in sorted(pathlib.Path(results_dir).glob("*.json")):
-        data = json.loads(path.read_text())
+    paths = [*pathlib.Path(results_dir).glob("*.json"), *pathlib.Path(results_dir).glob("*.json.gz")]
+    names = [p.name.removesuffix(".gz") for p in paths]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise ValueError(f"{results_dir}: runs stored both plain and compressed: {dupes}")
+    for name, path in sorted(zip(names, paths)):
+        raw = gzip.decompress(path.read_bytes()) if path.name.endswith(".gz") else path.read_bytes()
+        data = json.loads(raw)
         if data.get("schema") != SCHEMA_VERSION:
             raise ValueError(f"{path}: schema {data.get('schema')!r}, this regenerate reads {SCHEMA_VERSION}")
-        runs.append(Run(path.name, data))
+        runs.append(Run(name, data))
     return runs
 
 

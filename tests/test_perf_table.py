@@ -676,3 +676,16 @@ def test_interleaved_rounds_rotate_the_order(monkeypatch):
     rounds = [order[i:i + 2] for i in range(0, len(order), 2)]  # 6 rounds x 3 graphs x 2 replays
     firsts = [order[i] for i in range(0, len(order), 6)]
     assert firsts == ["a", "b", "c", "a", "b", "c"] and len(rounds) == 18
+
+
+def test_load_runs_reads_compressed_runs_under_their_plain_name(fixture_results):
+    import gzip
+
+    plain = regenerate.load_runs(fixture_results)
+    first = sorted(fixture_results.glob("*.json"))[0]
+    first.with_name(first.name + ".gz").write_bytes(gzip.compress(first.read_bytes()))
+    with pytest.raises(ValueError, match="both plain and compressed"):
+        regenerate.load_runs(fixture_results)
+    first.unlink()
+    compressed = regenerate.load_runs(fixture_results)
+    assert [(r.file, r.data) for r in compressed] == [(r.file, r.data) for r in plain]
