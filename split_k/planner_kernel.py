@@ -568,6 +568,9 @@ class SplitPlanner:
                 kept = ty(cutlass.select_(budget >= cost, whole, payload - costm))
                 split_left = ty(cutlass.min(uty(d), uty(d_wrapped)))
                 budget = ty(cutlass.select_((budget >= cost) | (budget <= F), kept, split_left))
+            # The budgets overwrite the cost_mods this warp's lanes just read (the same addresses for
+            # every lane): order the reads of all lanes before any lane's store.
+            cute.arch.sync_warp()
             cute.autovec_copy(rBudget, sReq[None, c, COSTM])
 
     @cute.jit
