@@ -408,7 +408,7 @@ class MLADecodeBase:
         acc_mn = layouts.acc_mn_view(acc)
         row_base = m_block * BLOCK_M
         # 16-bit destinations (out; partials in the input dtype) take 16-byte stores of whole 8-column
-        # blocks, gathered within each quad of lanes (store_row_16); fp32 partials keep the fragment's
+        # blocks, gathered within each quad of lanes (store_rows_16); fp32 partials keep the fragment's
         # 8-byte pair stores, which already fill a 32-byte sector per quad.
         vector_partials = self.vector_stores and mOaccum.element_type.width == 16
         if const_expr(self.vector_stores):

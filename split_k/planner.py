@@ -34,7 +34,8 @@ times; empty parts only occur after all work has been handed out (at the tail).
 ``num_splits``: int32 ``[b + 1]``, a prefix sum: request ``r`` has
 ``num_splits[r + 1] - num_splits[r] >= 1`` chunks, and chunk ``j`` of request ``r`` owns workspace
 row ``num_splits[r] + j``. A request with one chunk is *not split*: its CTA writes ``out``/``lse``
-directly. Split requests write fp32 partials (``o_accum[b + num_parts, rows, 512]``,
+directly. Split requests write partials (``o_accum[b + num_parts, rows, 512]`` in the input dtype by
+default or fp32, docs/interfaces.md "Partial dtype";
 ``lse_accum[b + num_parts, rows]``, natural log, ``-inf`` for a row that saw no key) and the merge
 stage combines them. ``num_splits[b] <= b + num_parts - 1`` because consecutive parts share at
 most one request, so the workspace is sized without reading the plan back.
@@ -58,7 +59,7 @@ rest of the request continues in the next part. Bounds (checked by the tests):
   which is exactly the slack the budget carries.
 
 Whole requests (our addition to FlashMLA's scheme). A split costs more than the balancer's
-``fixed_cost`` charges: the split chunks write fp32 partials that the merge stage reads back, and a
+``fixed_cost`` charges: the split chunks write partials that the merge stage reads back, and a
 part that ends inside one request and begins inside the next pays two chunk heads. Where every
 request is short, the balanced plan cuts most of them into two or three chunks. So when every
 request fits whole in a part of capacity ``capacity = max(payload, max request cost)`` and that
