@@ -146,7 +146,7 @@ def edge_plan_cases(num_sms: int = PLAN_CASE_NUM_SMS) -> list[PlanCase]:
     """Planner corners beyond ``plan_cases``: int32-extreme lengths whose budgets reach 2^30 (where
     the kernel switches its walk from 32-bit to 64-bit arithmetic) or stop just below it, the
     largest batch the kernel plans, more parts than tiles, many parts for one request, every
-    length zero, whole-request plans and their fallback. ``num_parts`` is set directly where the corner needs it."""
+    length zero, aligned plans (whole requests, even splits of long ones) and their fallback. ``num_parts`` is set directly where the corner needs it."""
     from split_k import planner_kernel
 
     top = 2**31 - 1  # ceil(top / 64) = 2^25 tiles
@@ -166,11 +166,19 @@ def edge_plan_cases(num_sms: int = PLAN_CASE_NUM_SMS) -> list[PlanCase]:
     cases.append(PlanCase([1, 0, 1], 1, 16, num_sms))
     cases.append(PlanCase([131072], 1, 16, planner_kernel.MAX_PARTS))
     cases.append(PlanCase([0] * 1000, 1, 16, num_sms))
-    # Whole requests (planner.whole_capacity): capacity above the payload; the walk's padding past
+    # Whole requests (planner.aligned_params): capacity above the payload; the walk's padding past
     # b (33 requests, one per part, exactly num_parts parts) must not count as parts; too many parts
     # for whole requests, so the balanced walk runs after the whole one.
     cases.append(PlanCase([1024] * 64, 1, 16, num_sms))
     cases.append(PlanCase([1024] * 33, 1, 16, 33))
     cases.append(PlanCase([640] * 3, 1, 16, 2))
     cases.append(PlanCase([640] * 40 + [64] * 5, 1, 16, 20))
+    # Aligned plans with long requests (planner.aligned_params): even splits (b32 h128 4096; b32 s2
+    # h64 16384, whose chunk size is above target), long and whole requests with zeros beside them,
+    # and long requests whose further chunks alone outnumber the parts (the clamped sums).
+    cases.append(PlanCase([4096] * 32, 1, 128, 66))
+    cases.append(PlanCase([16384] * 32, 2, 64, 66))
+    cases.append(PlanCase([640, 0, 6400, 0, 0, 640, 64 * 100], 1, 16, 9))
+    cases.append(PlanCase([top] * 3 + [0, 0], 1, 16, 4))
+    cases.append(PlanCase([top] + [64] * 300, 1, 16, planner_kernel.MAX_PARTS))
     return cases

@@ -58,21 +58,31 @@ rest of the request continues in the next part. Bounds (checked by the tests):
   (no split), so the parts before the last lose at most ``fixed_cost`` each against ``payload``,
   which is exactly the slack the budget carries.
 
-Whole requests (our addition to FlashMLA's scheme). A split costs more than the balancer's
-``fixed_cost`` charges: the split chunks write partials that the merge stage reads back, and a
-part that ends inside one request and begins inside the next pays two chunk heads. Where every
-request is short, the balanced plan cuts most of them into two or three chunks. So when every
-request fits whole in a part of capacity ``capacity = max(payload, max request cost)`` and that
-capacity exceeds ``payload`` by at most ``fixed_cost`` (``whole_capacity``), the requests are packed
-whole, in order, into parts of ``capacity`` (a request that does not fit in the rest of a part opens
-the next one), provided that this needs at most ``num_parts`` parts; otherwise the balanced plan
-stands. Such a plan splits nothing, and every part costs at most ``capacity <= payload +
-fixed_cost``. Where the balanced plan splits nothing it is the same plan (its capacity is then
-``payload`` and it closed a part exactly where a request did not fit), so the rule changes only plans
-that would split. Measured on an H200 (docs/perf-notes.md, 2wg, page 64, uniform lengths): with the
-capacity ``fixed_cost`` above ``payload``, b64 s1 h64 1024 keys 52.0 -> 43.3 us, b96 s1 h64 2048
-95.9 -> 75.8, b32 s1 h128 1024 45.9 -> 39.9, b32 s2 h64 1024 45.8 -> 40.3 (b64 s1 h16 1024 36.3 ->
-37.3); with it 8 or more above, the balanced plan was faster (b48 s1 h64 1024 39.1 vs 41.8).
+Aligned plans (our addition to FlashMLA's scheme). A split costs more than the balancer's
+``fixed_cost`` charges: the split chunks write partials that the merge stage reads back, and a part
+that ends inside one request and begins inside the next pays two chunk heads. The balanced plan does
+that in nearly every part: where requests are just longer than ``payload`` it cuts each into two or
+three uneven chunks (34 + 30 tiles plus a 4-tile head of the next request), and where they are just
+shorter it still cuts most of them. The aligned plan never puts pieces of two requests in one part:
+
+- ``capacity = min(max(payload, longest request cost), payload + fixed_cost)``;
+- a request that costs at most ``capacity`` is *whole*: packed in order into parts of ``capacity``
+  (a request that does not fit in the rest of a part opens the next one);
+- a longer request is *long*: it closes the current part and is cut into ``k`` chunks of ``c``
+  tiles (the last one shorter), one part each, with ``k = ceil(tiles / target)``, ``c = ceil(tiles /
+  k)`` and then ``k = ceil(tiles / c)`` (``long_chunks``): the fewest chunks of at most ``target``
+  tiles (each costs at most ``payload``), as even as whole tiles allow, none empty.
+
+The aligned plan is taken when it needs at most ``num_parts`` parts (``aligned_capacity``);
+otherwise the balanced plan stands. Every part of an aligned plan costs at most ``capacity <=
+payload + fixed_cost``. Without long requests it packs every request whole (where the balanced plan
+splits nothing as well, the two plans are the same); with uniform long requests it is the even
+split (``k`` equal chunks per request). Measured on an H200 (docs/perf-notes.md, 2wg, page 64,
+uniform lengths): whole requests with the capacity ``fixed_cost`` above ``payload``: b64 s1 h64
+1024 keys 52.0 -> 43.3 us, b96 s1 h64 2048 95.9 -> 75.8, b32 s1 h128 1024 45.9 -> 39.9, b32 s2 h64
+1024 45.8 -> 40.3 (b64 s1 h16 1024 36.3 -> 37.3); with it 8 or more above, the balanced plan was
+faster (b48 s1 h64 1024 39.1 vs 41.8). Even splits of long requests: b32 s2 h64 4096 82.1 -> 78.5
+us, b32 s1 h128 4096 82.3 -> 78.7, b64 s1 h64 4096 99.4 -> 96.4, b32 s2 h64 16384 268.2 -> 257.6.
 
 The plan is a pure function of the lengths (deterministic) and runs on the host. The layout only
 needs the lengths and a scan over requests, so a device-side planner (one warp doing the same scan,
@@ -92,6 +102,8 @@ BLOCK_N = 64
 """Tokens per KV tile, whatever the page size."""
 FIXED_COST = 5
 """Per-chunk overhead, in KV tiles, that the balancer charges (FlashMLA's value)."""
+CHUNK_CANDIDATES = 6
+"""Most chunk sizes the aligned plan tries for its long requests (``chunk_tile_candidates``)."""
 METADATA_WIDTH = 8
 """int32 fields per part in ``tile_scheduler_metadata``."""
 
@@ -190,7 +202,7 @@ def n_blocks(seqlen: int, block_n: int = BLOCK_N) -> int:
 
 
 def plan(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = BLOCK_N,
-         fixed_cost: int = FIXED_COST, whole_requests: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+         fixed_cost: int = FIXED_COST, aligned: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """Split the batch's KV tiles into ``num_parts`` balanced work lists.
 
     Args:
@@ -199,8 +211,8 @@ def plan(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = B
         num_parts: number of parts, usually ``num_sm_parts(...)``.
         block_n: tokens per KV tile (64 for the kernels).
         fixed_cost: per-chunk overhead in tiles charged by the balancer (>= 0).
-        whole_requests: apply the whole-request rule (module docstring); False gives the balanced
-            plan alone (FlashMLA's), for comparisons. The kernels' planners always apply it.
+        aligned: take the aligned plan where it fits (module docstring); False gives the balanced
+            plan alone (FlashMLA's), for comparisons. The kernels' planners always try it.
 
     Returns:
         ``(tile_scheduler_metadata, num_splits)``: CPU int32 tensors ``[num_parts, 8]`` and
@@ -214,14 +226,20 @@ def plan(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = B
     if isinstance(fixed_cost, bool) or not isinstance(fixed_cost, int) or fixed_cost < 0:
         raise ValueError(f"fixed_cost must be a non-negative int, got {fixed_cost!r}")
 
-    b = len(lengths)
     blocks = [n_blocks(n, block_n) for n in lengths]
-    _, payload = _budget(blocks, num_parts, fixed_cost)
-    split_above = fixed_cost  # a part with more budget left than this takes a chunk of the next request
-    capacity = whole_capacity(blocks, num_parts, fixed_cost) if whole_requests else None
-    if capacity is not None:  # whole requests only: no budget is large enough to split at
-        payload = split_above = capacity
+    params = aligned_params(blocks, num_parts, fixed_cost) if aligned else None
+    if params is not None:
+        metadata, num_splits = _aligned_plan(blocks, num_parts, fixed_cost, *params)
+    else:
+        metadata, num_splits = _balanced_plan(blocks, num_parts, fixed_cost)
+    return (torch.tensor(metadata, dtype=torch.int32).reshape(num_parts, METADATA_WIDTH),
+            torch.tensor(num_splits, dtype=torch.int32))
 
+
+def _balanced_plan(blocks: list[int], num_parts: int, fixed_cost: int) -> tuple[list[list[int]], list[int]]:
+    """FlashMLA's balanced plan (module docstring) as metadata rows and num_splits lists."""
+    b = len(blocks)
+    _, payload = _budget(blocks, num_parts, fixed_cost)
     metadata = [[0, 0, -1, 0, 0, 0, 0, 0] for _ in range(num_parts)]
     num_splits = [0] * (b + 1)
     req, block, split = 0, 0, 0  # cursor: next tile to hand out is `block` of request `req`
@@ -237,7 +255,7 @@ def plan(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = B
                 num_splits[req + 1] = num_splits[req] + split + 1
                 req, block, split = req + 1, 0, 0
                 continue
-            if budget > split_above:  # take what the budget allows; the rest goes to the next part
+            if budget > fixed_cost:  # take what the budget allows; the rest goes to the next part
                 block += budget - fixed_cost
                 split += 1
             break
@@ -249,8 +267,36 @@ def plan(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = B
 
     if req != b:  # unreachable by the budget argument in the module docstring
         raise AssertionError(f"planner left requests {req}..{b - 1} unassigned")
-    return (torch.tensor(metadata, dtype=torch.int32).reshape(num_parts, METADATA_WIDTH),
-            torch.tensor(num_splits, dtype=torch.int32))
+    return metadata, num_splits
+
+
+def _aligned_plan(blocks: list[int], num_parts: int, fixed_cost: int, capacity: int,
+                  chunk_tiles: int) -> tuple[list[list[int]], list[int]]:
+    """The aligned plan (module docstring) for ``aligned_params``' ``(capacity, chunk_tiles)``: whole
+    requests packed in order into parts of ``capacity``, each long request in ``long_chunks`` parts
+    of its own. The caller checked that it fits ``num_parts``."""
+    b = len(blocks)
+    begins = [(0, 0, 0)] if b else []  # (req, block, split) each part begins with
+    num_splits = [0] * (b + 1)
+    budget = capacity
+    for r, nb in enumerate(blocks):
+        cost = nb + fixed_cost
+        held = min(cost, capacity)  # a long request fills its last part
+        if budget < held:  # it does not fit in the rest of the current part: open the next one
+            begins.append((r, 0, 0))
+            budget = capacity
+        budget -= held
+        k, c = long_chunks(nb, chunk_tiles) if cost > capacity else (1, nb)
+        begins.extend((r, j * c, j) for j in range(1, k))
+        num_splits[r + 1] = num_splits[r] + k
+    if len(begins) > num_parts:  # aligned_params counted these parts
+        raise AssertionError(f"aligned plan needs {len(begins)} parts, has {num_parts}")
+    metadata = [[0, 0, -1, 0, 0, 0, 0, 0] for _ in range(num_parts)]
+    for part, (req, block, split) in enumerate(begins):
+        next_req, next_block = begins[part + 1][:2] if part + 1 < len(begins) else (b, 0)
+        end_req, end_block = (next_req, next_block) if next_block > 0 else (next_req - 1, blocks[next_req - 1])
+        metadata[part][:5] = [req, block, end_req, end_block, split]
+    return metadata, num_splits
 
 
 def empty_rows(metadata: torch.Tensor) -> None:
@@ -343,24 +389,55 @@ def _budget(blocks: list[int], num_parts: int, fixed_cost: int) -> tuple[int, in
     return target, target + fixed_cost
 
 
-def whole_capacity(blocks: list[int], num_parts: int, fixed_cost: int) -> int | None:
-    """The part capacity of a whole-request plan for these tile counts, or None where the balanced
-    plan stands (module docstring, "Whole requests"): ``max(payload, max request cost)`` when that
-    is at most ``payload + fixed_cost`` and packing the requests whole, in order, into parts of that
-    capacity needs at most ``num_parts`` parts. None for an empty batch."""
+def aligned_capacity(blocks: list[int], num_parts: int, fixed_cost: int) -> tuple[int, int]:
+    """``(capacity, parts the packing opens)`` of the aligned plan (module docstring): the part
+    capacity ``min(max(payload, longest cost), payload + fixed_cost)``, and how many parts the walk
+    in request order opens when every request holds ``min(cost, capacity)`` of a part (a request
+    that does not fit in the rest of a part opens the next one). A long request's further chunks,
+    one part each, come on top (``aligned_params``). ``(0, 0)`` for an empty batch."""
+    if not blocks:
+        return 0, 0
+    _, payload = _budget(blocks, num_parts, fixed_cost)
+    capacity = min(max(payload, max(blocks) + fixed_cost), payload + fixed_cost)
+    opened, budget = 1, capacity
+    for nb in blocks:
+        held = min(nb + fixed_cost, capacity)
+        if budget < held:
+            opened, budget = opened + 1, capacity
+        budget -= held
+    return capacity, opened
+
+
+def chunk_tile_candidates(target: int, fixed_cost: int) -> list[int]:
+    """Chunk sizes (tiles) the aligned plan tries for its long requests, smallest first: from the
+    balanced ``target`` (a chunk costs at most ``payload``) up to ``target + fixed_cost`` (at most the
+    capacity), at most ``CHUNK_CANDIDATES`` values (every one for ``fixed_cost <= 5``)."""
+    steps = min(fixed_cost, CHUNK_CANDIDATES - 1)
+    return [target + (i * fixed_cost) // steps for i in range(steps + 1)] if steps else [target]
+
+
+def long_chunks(nb: int, chunk_tiles: int) -> tuple[int, int]:
+    """``(k, c)``: a long request of ``nb`` tiles is cut into ``k`` chunks of ``c`` tiles (the last one
+    ``nb - (k - 1) * c``, at least 1): the fewest chunks of at most ``chunk_tiles``, as even as whole
+    tiles allow (``c = ceil(nb / k)``; ``k`` is then recounted from ``c`` so that no chunk is empty)."""
+    k = -(-nb // chunk_tiles)
+    c = -(-nb // k)
+    return -(-nb // c), c
+
+
+def aligned_params(blocks: list[int], num_parts: int, fixed_cost: int) -> tuple[int, int] | None:
+    """``(capacity, chunk_tiles)`` of the aligned plan for these tile counts, or None where the
+    balanced plan stands: the smallest of ``chunk_tile_candidates`` for which the parts the packing
+    opens plus every long request's further chunks fit in ``num_parts``. None for an empty batch."""
     if not blocks:
         return None
-    _, payload = _budget(blocks, num_parts, fixed_cost)
-    longest = max(blocks) + fixed_cost
-    if longest > payload + fixed_cost:
-        return None
-    capacity = max(payload, longest)
-    parts, budget = 1, capacity
-    for nb in blocks:
-        if nb + fixed_cost > budget:
-            parts, budget = parts + 1, capacity
-        budget -= nb + fixed_cost
-    return capacity if parts <= num_parts else None
+    capacity, opened = aligned_capacity(blocks, num_parts, fixed_cost)
+    target, _ = _budget(blocks, num_parts, fixed_cost)
+    longs = [nb for nb in blocks if nb + fixed_cost > capacity]  # target >= 1 whenever there is one
+    for tiles in chunk_tile_candidates(target, fixed_cost):
+        if opened + sum(long_chunks(nb, tiles)[0] - 1 for nb in longs) <= num_parts:
+            return capacity, tiles
+    return None
 
 
 def balance_budget(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = BLOCK_N,

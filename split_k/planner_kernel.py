@@ -13,15 +13,19 @@ threads, five phases, barriers in between:
 1. all threads load the lengths (coalesced, ``LOADS_IN_FLIGHT`` per thread at once), store each
    request's cost ``tiles + fixed_cost`` in shared memory and reduce the total and the longest
    request, which fix ``target = ceil(total / num_parts)``, ``payload = target + fixed_cost`` and
-   the whole-request capacity ``max(payload, longest cost)`` (``planner.whole_capacity``);
+   the aligned plan's capacity ``min(max(payload, longest cost), payload + fixed_cost)``
+   (``planner.aligned_capacity``);
 1b. all threads store each request's ``cost_mod`` (its cost reduced modulo ``target`` into
    ``[F + 1, F + target]``; a division only for a request longer than a whole part), so that the
-   walk never divides;
+   walk never divides, and its share of a part in the aligned walk, ``min(cost, capacity)``; for
+   each long request (cost above the capacity) they count its further chunks for every chunk-size
+   candidate (``planner.chunk_tile_candidates``, ``planner.long_chunks``: divisions, long requests
+   only) and sum them per warp;
 2. two warps walk the requests in order, at the same time, and store the budget each one starts
-   with: warp 1 the balanced way (below), warp 0 with whole requests only (``_walk_whole``: a
-   request that does not fit opens a part), where the whole-request rule may apply (the longest
-   cost at most ``payload + fixed_cost``), counting the parts; warp 0 publishes which walk stands
-   (whole requests when their parts fit in ``num_parts``). A balanced step is
+   with: warp 1 the balanced way (below), warp 0 the aligned way (``_walk_aligned``: a request that
+   does not fit in what is left opens a part), counting the parts it opens; warp 0 publishes which
+   walk stands (the aligned one when, for some candidate, those parts plus the long requests'
+   further chunks fit in ``num_parts``) and the smallest such candidate. A balanced step is
    three candidates one operation from the budget, an unsigned min and two selects (``_walk_step``);
    no branch and no memory access on the chain: per chunk of ``WALK_CHUNK`` requests the costs come
    into registers with vector loads, the chunk is walked fully unrolled, and its budgets leave with
@@ -94,8 +98,8 @@ import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 from cutlass import Int32, Int64, Uint32, Uint64  # noqa: E402
 
-from .planner import (BEGIN_BLOCK, BEGIN_REQ, BEGIN_SPLIT, BLOCK_N, END_BLOCK, END_REQ,  # noqa: E402
-                      FIXED_COST, METADATA_WIDTH)
+from .planner import (BEGIN_BLOCK, BEGIN_REQ, BEGIN_SPLIT, BLOCK_N, CHUNK_CANDIDATES, END_BLOCK,  # noqa: E402
+                      END_REQ, FIXED_COST, METADATA_WIDTH, chunk_tile_candidates, long_chunks)
 
 THREADS = 256
 NUM_WARPS = THREADS // 32
@@ -110,14 +114,16 @@ most one part per SM (``planner.num_sm_parts``), so this only binds for an expli
 ``num_sms``."""
 WALK_CHUNK = 32
 """Requests the walk takes into registers at a time (and the padding of the request arrays)."""
-HEADER_WORDS = 5 * NUM_WARPS + 4
+HEADER_WORDS = (5 + CHUNK_CANDIDATES) * NUM_WARPS + 4
 """int32 words of scratch before the request arrays: per warp an Int64 total, the longest request's
-tiles, opened and chunks; then the walk's verdict (1: whole requests) and padding to 16 bytes."""
+tiles, opened and chunks, and per chunk-size candidate the long requests' further chunks; then the
+walks' verdict (1: the aligned plan), its chunk size and padding to 16 bytes."""
 REQ_FIELDS = 3
 BUDGET, COST, COSTM = range(REQ_FIELDS)
-"""Per-request smem fields: the budget it starts with in a whole-request plan (phase 2), its cost
-``tiles + fixed_cost`` (phase 1), and ``cost_mod`` (phase 1b), which the balanced walk overwrites
-with the budget it starts with in the balanced plan (phase 2)."""
+"""Per-request smem fields: the share of a part it holds in an aligned plan, ``min(cost, capacity)``
+(phase 1b), which the aligned walk overwrites with the budget it starts with there (phase 2); its
+cost ``tiles + fixed_cost`` (phase 1); and ``cost_mod`` (phase 1b), which the balanced walk
+overwrites with the budget it starts with in the balanced plan (phase 2)."""
 SMEM_LIMIT = 227 * 1024
 """Opt-in shared memory per block on Hopper; ``smem_bytes(MAX_BATCH, MAX_PARTS)`` stays below it."""
 CAP = 1 << 30
@@ -182,18 +188,19 @@ def _walk_step(budget: int, cost: int, costm: int, payload: int, target: int, fi
     return payload - costm
 
 
-def _request_plan(budget: int, nb: int, payload_c: int, target_c: int, fixed_cost: int, split_above: int):
-    """Phase 3: what request ``r`` does from the (clamped) budget it starts with. A request that does
-    not fit closes the part when at most ``split_above`` is left (``fixed_cost``; the capacity
-    for a whole-request plan, which never splits), else it takes what is left.
+def _request_plan(budget: int, nb: int, payload_c: int, target_c: int, fixed_cost: int):
+    """Phase 3 of a balanced plan: what request ``r`` does from the (clamped) budget it starts with. A
+    request that does not fit closes the part when at most ``fixed_cost`` is left, else it takes what
+    is left.
 
-    Returns ``(waste, first, n_new)``: whether it closes the current part and opens a fresh one at
-    block 0, how many tiles its first chunk takes when it is split (the chunk in the part where it
-    starts), and how many parts it opens for its further chunks (0 when it fits whole).
+    Returns ``(waste, first, n_new, step)``: whether it closes the current part and opens a fresh one
+    at block 0, how many tiles its first chunk takes when it is split (the chunk in the part where it
+    starts), how many parts it opens for its further chunks (0 when it fits whole), and the tiles
+    between the begins of those parts (``target``).
     """
     cost = nb + fixed_cost
     waste = 0
-    if cost > budget and budget <= split_above:
+    if cost > budget and budget <= fixed_cost:
         waste = 1
         budget = payload_c
     first = 0
@@ -204,7 +211,20 @@ def _request_plan(budget: int, nb: int, payload_c: int, target_c: int, fixed_cos
         n_new = 1
         if rest > target_c:
             n_new = (rest + target_c - 1) // target_c
-    return waste, first, n_new
+    return waste, first, n_new, target_c
+
+
+def _aligned_request_plan(budget: int, nb: int, capacity_c: int, chunk_tiles: int, fixed_cost: int):
+    """Phase 3 of an aligned plan (``planner.aligned_params``), same returns as ``_request_plan``: a
+    request that does not fit in what is left opens a part (a long one holds ``capacity`` of it), and
+    a long request opens one more part per further chunk, ``c`` tiles apart (``planner.long_chunks``)."""
+    cost = nb + fixed_cost
+    waste = 1 if budget < min(cost, capacity_c) else 0
+    first = n_new = step = 0
+    if cost > capacity_c:
+        k, step = long_chunks(nb, chunk_tiles)
+        first, n_new = step, k - 1
+    return waste, first, n_new, step
 
 
 def kernel_model(lengths: Sequence[int], num_parts: int, block_n: int = BLOCK_N,
@@ -216,48 +236,55 @@ def kernel_model(lengths: Sequence[int], num_parts: int, block_n: int = BLOCK_N,
     """
     _check_knobs(block_n, fixed_cost)
     b = len(lengths)
-    # Phase 1: tile counts, the budget and the whole-request capacity.
+    # Phase 1: tile counts, the budget and the aligned plan's capacity.
     blocks = [(max(n, 0) + block_n - 1) // block_n for n in lengths]
     total = sum(blocks) + fixed_cost * b
     target = (total + num_parts - 1) // num_parts
     payload = target + fixed_cost
     longest = max(blocks, default=0) + fixed_cost
-    capacity = max(payload, longest)
+    capacity = min(max(payload, longest), payload + fixed_cost)
 
-    # Phase 1b (in parallel once target is known): each request's cost modulo target (cost_mod).
+    # Phase 1b (in parallel once target is known): each request's cost modulo target (cost_mod) for
+    # the balanced walk, the share of a part it holds in the aligned walk (min(cost, capacity)), and
+    # per chunk-size candidate the sum of the long requests' further chunks (each clamped to
+    # num_parts: a larger sum fails the fit anyway, and the clamped sum fits in int32).
     costm = [cost_mod(nb, target, fixed_cost) for nb in blocks]
+    held = [min(nb + fixed_cost, capacity) for nb in blocks]
+    candidates = chunk_tile_candidates(min(target, CAP), fixed_cost)
+    extra = [sum(min(long_chunks(nb, t)[0] - 1, num_parts) for nb in blocks if nb + fixed_cost > capacity)
+             for t in candidates]
 
-    # Phase 2: the serial walk; budgets[r] = budget left in the current part when request r starts.
-    # Whole requests first where the rule may apply; the balanced walk if that needs too many parts.
+    # Phase 2: the serial walks; budgets[r] = budget left in the current part when request r starts.
+    # The aligned walk counts the parts it opens; the smallest candidate whose long chunks fit with
+    # them chooses the aligned plan, else the balanced walk's budgets stand.
     budgets = [0] * b
-    whole = False
-    if b > 0 and longest <= payload + fixed_cost:
-        budget, parts = capacity, 1
+    chunk_tiles = None
+    if b > 0:
+        budget, opened = capacity, 1
         for r in range(b):
             budgets[r] = min(budget, CAP)
-            cost = blocks[r] + fixed_cost
-            if budget < cost:
-                parts += 1
-            budget = budget - cost if budget >= cost else capacity - cost
-        whole = parts <= num_parts
-    if not whole:
+            if budget < held[r]:
+                opened += 1
+            budget = (budget if budget >= held[r] else capacity) - held[r]
+        chunk_tiles = next((t for t, e in zip(candidates, extra) if opened + e <= num_parts), None)
+    if chunk_tiles is None:
         budget = payload
         for r in range(b):
             budgets[r] = min(budget, CAP)
             budget = _walk_step(budget, blocks[r] + fixed_cost, costm[r], payload, target, fixed_cost)
 
     # Phase 3: per request (in parallel on the GPU), parts opened and chunks; their exclusive prefix
-    # sums give the index of the first part each request opens and its workspace rows. Whole
-    # requests: a request that does not fit closes the part whatever is left in it (split_above).
-    payload_c, target_c, split_above = min(payload, CAP), min(target, CAP), fixed_cost
-    if whole:
-        payload_c = split_above = min(capacity, CAP)
-        target_c = payload_c - fixed_cost
-    plans = [_request_plan(budgets[r], blocks[r], payload_c, target_c, fixed_cost, split_above) for r in range(b)]
+    # sums give the index of the first part each request opens and its workspace rows.
+    if chunk_tiles is not None:
+        capacity_c = min(capacity, CAP)
+        plans = [_aligned_request_plan(budgets[r], blocks[r], capacity_c, chunk_tiles, fixed_cost) for r in range(b)]
+    else:
+        payload_c, target_c = min(payload, CAP), min(target, CAP)
+        plans = [_request_plan(budgets[r], blocks[r], payload_c, target_c, fixed_cost) for r in range(b)]
     begin_req, begin_block, begin_split = [0] * num_parts, [0] * num_parts, [0] * num_parts
     num_splits = [0] * (b + 1)
     opened = chunks = 0  # exclusive prefix sums
-    for r, (waste, first, n_new) in enumerate(plans):
+    for r, (waste, first, n_new, step) in enumerate(plans):
         part = opened + 1  # part 0 begins at request 0; every other part is opened by some request
         if waste:
             if part < num_parts:
@@ -265,7 +292,7 @@ def kernel_model(lengths: Sequence[int], num_parts: int, block_n: int = BLOCK_N,
             part += 1
         for k in range(n_new):
             if part < num_parts:
-                begin_req[part], begin_block[part], begin_split[part] = r, first + k * target_c, k + 1
+                begin_req[part], begin_block[part], begin_split[part] = r, first + k * step, k + 1
             part += 1
         opened += waste + n_new
         chunks += n_new + 1
@@ -341,7 +368,9 @@ class SplitPlanner:
         sWarpLongest = cute.make_tensor(base32 + 2 * NUM_WARPS, cute.make_layout(NUM_WARPS))
         sWarpOpened = cute.make_tensor(base32 + 3 * NUM_WARPS, cute.make_layout(NUM_WARPS))
         sWarpChunks = cute.make_tensor(base32 + 4 * NUM_WARPS, cute.make_layout(NUM_WARPS))
-        sWhole = cute.make_tensor(base32 + 5 * NUM_WARPS, cute.make_layout(1))
+        sWarpExtra = cute.make_tensor(base32 + 5 * NUM_WARPS, cute.make_layout(
+            (NUM_WARPS, CHUNK_CANDIDATES), stride=(CHUNK_CANDIDATES, 1)))
+        sAligned = cute.make_tensor(base32 + (5 + CHUNK_CANDIDATES) * NUM_WARPS, cute.make_layout(2))
         # Request r's fields live at [r % W, r // W, field]: a chunk's W values of one field are
         # contiguous and 16-byte aligned (static strides), so the walk moves them with vector accesses.
         sReq = cute.make_tensor(base32 + HEADER_WORDS, cute.make_layout(
@@ -388,11 +417,19 @@ class SplitPlanner:
         for w in cutlass.range_constexpr(NUM_WARPS):
             longest_nb = cutlass.max(longest_nb, sWarpLongest[w])
         longest = Int64(longest_nb) + F
-        capacity = cutlass.max(payload, longest)
+        capacity = cutlass.min(cutlass.max(payload, longest), payload + F)
+        capacity_c = Int32(cutlass.min(capacity, Int64(CAP)))
 
-        # Phase 1b: cost_mod of every request (the same thread wrote its cost in phase 1: same
-        # index stride), and costs of F for the padding up to whole chunks, which the walk reads.
-        # (target_c: a tile count is below 2^29 <= CAP, so only target < CAP can be exceeded.)
+        # Phase 1b: cost_mod of every request and the share of a part it holds in the aligned walk
+        # (the same thread wrote its cost in phase 1: same index stride), with costs of F for the
+        # padding up to whole chunks, which the walks read; and for every long request (one that
+        # costs more than the capacity) its further chunks per chunk-size candidate (divisions,
+        # but only for long requests, in parallel), summed per warp. (target_c: a tile count is
+        # below 2^29 <= CAP, so only target < CAP can be exceeded; a long request has tiles >
+        # target, so target < CAP then.)
+        num_candidates = len(chunk_tile_candidates(0, F))
+        rExtra = cute.make_rmem_tensor(CHUNK_CANDIDATES, Int32)
+        rExtra.fill(0)
         for r in cutlass.range(tidx, chunks * W, THREADS, unroll=1):
             cost = Int32(F)
             if r < b:
@@ -403,38 +440,53 @@ class SplitPlanner:
                 costm = (nb - 1) % target_c + 1 + F
             sReq[r % W, r // W, COST] = cost
             sReq[r % W, r // W, COSTM] = costm
+            sReq[r % W, r // W, BUDGET] = cutlass.min(cost, capacity_c)
+            if cost > capacity_c:
+                for i in cutlass.range_constexpr(num_candidates):
+                    k, _ = self._long_chunks(nb, target_c + chunk_tile_candidates(0, F)[i])
+                    rExtra[i] += cutlass.min(k - 1, num_parts)
+        for i in cutlass.range_constexpr(num_candidates):
+            extra = cute.arch.warp_reduction_sum(rExtra[i])
+            if lane == 0:
+                sWarpExtra[warp, i] = extra
         cute.arch.sync_threads()
 
         # Phase 2: two warps walk the requests, all lanes of each in step (no divergence, no shuffles); only
         # the budget chain is serial. 32-bit arithmetic whenever every budget fits; 64-bit otherwise.
-        # The two walks run at once on two warps (each as long as the other), so trying whole
-        # requests costs no time: warp 0 the whole-request walk (budgets into BUDGET) and its verdict,
-        # warp 1 the balanced walk (budgets into COSTM, each chunk's cost_mods read before its
-        # budgets overwrite them; nothing else reads COSTM after phase 1b).
+        # The two walks run at once on two warps (each as long as the other), so trying the aligned
+        # plan costs no time: warp 0 the aligned walk (budgets into BUDGET over the shares it reads)
+        # and its verdict, the smallest chunk-size candidate whose long chunks fit with the parts
+        # the walk opens; warp 1 the balanced walk (budgets into COSTM, each chunk's cost_mods read
+        # before its budgets overwrite them; nothing else reads COSTM after phase 1b).
         if warp == 0:
-            whole = Int32(0)
-            if (b > 0) & (longest <= payload + F):
-                parts = Int32(0)
+            verdict = Int32(0)
+            tiles = Int32(0)
+            if b > 0:
+                opened = Int32(0)
                 if capacity < CAP:
-                    parts = self._walk_whole(Int32, sReq, chunks, b, capacity)
+                    opened = self._walk_aligned(Int32, sReq, chunks, b, capacity)
                 else:
-                    parts = self._walk_whole(Int64, sReq, chunks, b, capacity)
-                if parts <= num_parts:
-                    whole = Int32(1)
+                    opened = self._walk_aligned(Int64, sReq, chunks, b, capacity)
+                for i in cutlass.range_constexpr(num_candidates - 1, -1, -1):  # the smallest that fits wins
+                    extra = Int32(0)
+                    for w in cutlass.range_constexpr(NUM_WARPS):
+                        extra += sWarpExtra[w, i]
+                    if opened + extra <= num_parts:
+                        verdict = Int32(1)
+                        tiles = target_c + chunk_tile_candidates(0, F)[i]
             if lane == 0:
-                sWhole[0] = whole
+                sAligned[0] = verdict
+                sAligned[1] = tiles
         if warp == 1:
             if payload < CAP:
                 self._walk(Int32, sReq, chunks, payload, target)
             else:
                 self._walk(Int64, sReq, chunks, payload, target)
         cute.arch.sync_threads()
-        split_above = Int32(F)
+        aligned = sAligned[0] == 1
+        chunk_tiles = sAligned[1]
         budget_field = Int32(COSTM)
-        if sWhole[0] == 1:  # a request that does not fit closes its part whatever is left
-            payload_c = Int32(cutlass.min(capacity, Int64(CAP)))
-            target_c = payload_c - F
-            split_above = payload_c
+        if aligned:
             budget_field = Int32(BUDGET)
 
         # Phase 3: each thread takes a contiguous run of requests; a block-wide exclusive scan of
@@ -445,9 +497,9 @@ class SplitPlanner:
         opened = Int32(0)
         nchunks = Int32(0)
         for r in cutlass.range(lo, hi, unroll=1):
-            waste, first, n_new = self._request_plan(sReq[r % W, r // W, budget_field],
-                                                     sReq[r % W, r // W, COST] - F, payload_c, target_c,
-                                                     split_above)
+            waste, first, n_new, step = self._request_plan(
+                aligned, sReq[r % W, r // W, budget_field], sReq[r % W, r // W, COST] - F, payload_c, target_c,
+                capacity_c, chunk_tiles)
             opened += waste + n_new
             nchunks += n_new + 1
         own_opened = opened
@@ -478,9 +530,9 @@ class SplitPlanner:
                 sBeginBlock[0] = Int32(0)
                 sBeginSplit[0] = Int32(0)
         for r in cutlass.range(lo, hi, unroll=1):
-            waste, first, n_new = self._request_plan(sReq[r % W, r // W, budget_field],
-                                                     sReq[r % W, r // W, COST] - F, payload_c, target_c,
-                                                     split_above)
+            waste, first, n_new, step = self._request_plan(
+                aligned, sReq[r % W, r // W, budget_field], sReq[r % W, r // W, COST] - F, payload_c, target_c,
+                capacity_c, chunk_tiles)
             part = opened + 1  # parts other than 0 are opened by the request they begin in
             if waste == 1:
                 if part < num_parts:
@@ -495,7 +547,7 @@ class SplitPlanner:
                     sBeginBlock[part] = blk
                     sBeginSplit[part] = k + 1
                 part += 1
-                blk += target_c
+                blk += step
             opened += waste + n_new
             nchunks += n_new + 1
             mNumSplits[r + 1] = nchunks
@@ -574,49 +626,72 @@ class SplitPlanner:
             cute.autovec_copy(rBudget, sReq[None, c, COSTM])
 
     @cute.jit
-    def _walk_whole(self, ty: cutlass.Constexpr, sReq: cute.Tensor, chunks: Int32, b: Int32,
-                    capacity64: Int64) -> Int32:
-        """Phase 2 for a whole-request plan, in integer type ``ty``: the budget (clamped to CAP) each
-        request starts with, into ``sReq[.., BUDGET]``, with parts of ``capacity`` where a request
-        that does not fit opens the next part; returns the number of parts. Same shape as
-        ``_walk``: per chunk, costs in with vector loads, an unrolled select chain, budgets out with
-        vector stores; the padding past ``b`` is walked but not counted."""
+    def _walk_aligned(self, ty: cutlass.Constexpr, sReq: cute.Tensor, chunks: Int32, b: Int32,
+                      capacity64: Int64) -> Int32:
+        """Phase 2 for an aligned plan, in integer type ``ty``: the budget (clamped to CAP) each
+        request starts with, into ``sReq[.., BUDGET]`` over the shares ``min(cost, capacity)`` it
+        reads there, with parts of ``capacity`` where a request that does not fit opens the next
+        part; returns the number of parts opened (a long request's further chunks come on top). Same
+        shape as ``_walk``: per chunk, shares in with vector loads, an unrolled select chain, budgets
+        out with vector stores; the padding past ``b`` is walked but not counted."""
         W = WALK_CHUNK
         capacity = ty(capacity64)
         budget = capacity
         parts = Int32(1)
         for c in cutlass.range(chunks, unroll=1):
-            rCost = cute.make_rmem_tensor(W, Int32)
+            rHeld = cute.make_rmem_tensor(W, Int32)
             rBudget = cute.make_rmem_tensor(W, Int32)
-            cute.autovec_copy(sReq[None, c, COST], rCost)
+            cute.autovec_copy(sReq[None, c, BUDGET], rHeld)
             for j in cutlass.range_constexpr(W):
-                cost = ty(rCost[j])
+                held = ty(rHeld[j])
                 if cutlass.const_expr(ty is Int64):
                     rBudget[j] = Int32(cutlass.min(budget, Int64(CAP)))
                 else:
                     rBudget[j] = budget
-                fits = budget >= cost
+                fits = budget >= held
                 parts += Int32(cutlass.select_(fits | (c * W + j >= b), Int32(0), Int32(1)))
-                budget = ty(cutlass.select_(fits, budget - cost, capacity - cost))
+                budget = ty(cutlass.select_(fits, budget - held, capacity - held))
+            # The budgets overwrite the shares this warp's lanes just read (the same addresses for
+            # every lane): order the reads of all lanes before any lane's store.
+            cute.arch.sync_warp()
             cute.autovec_copy(rBudget, sReq[None, c, BUDGET])
         return parts
 
     @cute.jit
-    def _request_plan(self, budget: Int32, nb: Int32, payload_c: Int32, target_c: Int32, split_above: Int32):
-        """``_request_plan`` of the model, on the device: ``(waste, first, n_new)`` as Int32."""
+    def _long_chunks(self, nb: Int32, chunk_tiles: Int32):
+        """``planner.long_chunks`` on the device: ``(k, c)`` as Int32."""
+        k = (nb + chunk_tiles - 1) // chunk_tiles
+        c = (nb + k - 1) // k
+        return (nb + c - 1) // c, c
+
+    @cute.jit
+    def _request_plan(self, aligned, budget: Int32, nb: Int32, payload_c: Int32, target_c: Int32, capacity_c: Int32,
+                      chunk_tiles: Int32):
+        """``_request_plan`` (balanced) or ``_aligned_request_plan`` of the model, on the device:
+        ``(waste, first, n_new, step)`` as Int32."""
         F = self.fixed_cost
         cost = nb + F
         waste = Int32(0)
-        if cost > budget:
-            if budget <= split_above:
-                waste = Int32(1)
-                budget = payload_c
         first = Int32(0)
         n_new = Int32(0)
-        if cost > budget:
-            first = budget - F
-            rest = nb - first
-            n_new = Int32(1)
-            if rest > target_c:
-                n_new = (rest + target_c - 1) // target_c
-        return waste, first, n_new
+        step = target_c
+        if aligned:
+            if budget < cutlass.min(cost, capacity_c):
+                waste = Int32(1)
+            if cost > capacity_c:
+                k, c = self._long_chunks(nb, chunk_tiles)
+                first = c
+                n_new = k - 1
+                step = c
+        else:
+            if cost > budget:
+                if budget <= F:
+                    waste = Int32(1)
+                    budget = payload_c
+            if cost > budget:
+                first = budget - F
+                rest = nb - first
+                n_new = Int32(1)
+                if rest > target_c:
+                    n_new = (rest + target_c - 1) // target_c
+        return waste, first, n_new, step

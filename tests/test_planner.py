@@ -54,18 +54,11 @@ def _check_plan(lengths, num_parts, block_n=64, fixed_cost=5):
         assert nonempty == list(range(len(nonempty))), "empty parts only at the tail"
     for p in range(len(nonempty), num_parts):
         assert metadata[p].tolist() == [0, 0, -1, 0, 0, 0, 0, 0]
-    capacity = planner.whole_capacity(blocks, num_parts, fixed_cost)
+    params = planner.aligned_params(blocks, num_parts, fixed_cost)
     balanced_meta, balanced_splits = planner.plan(lengths, num_parts, block_n=block_n, fixed_cost=fixed_cost,
-                                                  whole_requests=False)
-    if capacity is not None:
-        # Whole requests: nothing split, each part within the capacity, a part closed only where the
-        # next request did not fit, and the capacity at most fixed_cost above the payload.
-        assert payload <= capacity <= payload + fixed_cost
-        assert n_chunks == [1] * b, "a whole-request plan splits nothing"
-        assert max(costs) <= capacity
-        for p in nonempty[:-1]:
-            nxt = parts[p + 1][0]
-            assert costs[p] + planner.chunk_cost(nxt, fixed_cost) > capacity, f"part {p} closed early"
+                                                  aligned=False)
+    if params is not None:
+        _check_aligned(parts, blocks, n_chunks, costs, nonempty, payload, target, num_parts, fixed_cost, *params)
         if balanced_splits[-1] == b:  # the balanced plan splits nothing either: the same plan
             assert metadata.equal(balanced_meta) and num_splits.equal(balanced_splits)
         return parts
@@ -84,6 +77,42 @@ def _check_plan(lengths, num_parts, block_n=64, fixed_cost=5):
     return parts
 
 
+def _check_aligned(parts, blocks, n_chunks, costs, nonempty, payload, target, num_parts, fixed_cost, capacity,
+                   chunk_tiles):
+    """The aligned plan's promises (split_k/planner.py, "Aligned plans")."""
+    assert payload <= capacity <= payload + fixed_cost
+    assert capacity == min(max(payload, max(blocks) + fixed_cost), payload + fixed_cost)
+    assert max(costs) <= capacity
+    for r, nb in enumerate(blocks):
+        if nb + fixed_cost <= capacity:
+            assert n_chunks[r] == 1, f"request {r} fits a part: whole"
+        else:
+            k, c = planner.long_chunks(nb, chunk_tiles)
+            assert n_chunks[r] == k >= 2 and c <= chunk_tiles and (k - 1) * c < nb <= k * c
+    for p in nonempty:
+        if any(n_chunks[c.req] > 1 for c in parts[p]):  # a long request's chunk is alone in its part
+            # (beside empty requests, which hold nothing of a part when fixed_cost is 0)
+            others = [c for c in parts[p] if n_chunks[c.req] == 1]
+            assert len(others) == len(parts[p]) - 1, f"part {p} holds chunks of two split requests"
+            assert all(blocks[c.req] == 0 and fixed_cost == 0 for c in others), f"part {p} mixes requests"
+        if len(parts[p]) == 1 and n_chunks[parts[p][0].req] > 1:
+            k, c = planner.long_chunks(blocks[parts[p][0].req], chunk_tiles)
+            chunk = parts[p][0]
+            assert (chunk.begin_block, chunk.end_block) == (chunk.split * c, min((chunk.split + 1) * c, k * c, blocks[chunk.req]))
+    for p in nonempty[:-1]:  # a part is closed only where the next request did not fit in it
+        nxt = parts[p + 1][0]
+        if n_chunks[nxt.req] == 1 and n_chunks[parts[p][-1].req] == 1:
+            assert costs[p] + planner.chunk_cost(nxt, fixed_cost) > capacity, f"part {p} closed early"
+    # The smallest chunk size that fits: the one before it needs too many parts.
+    candidates = planner.chunk_tile_candidates(target, fixed_cost)
+    assert candidates[0] == target and candidates[-1] == payload and chunk_tiles in candidates
+    longs = [nb for nb in blocks if nb + fixed_cost > capacity]
+    _, opened = planner.aligned_capacity(blocks, num_parts, fixed_cost)
+    assert len(nonempty) == opened + sum(planner.long_chunks(nb, chunk_tiles)[0] - 1 for nb in longs) <= num_parts
+    for smaller in candidates[:candidates.index(chunk_tiles)]:
+        assert opened + sum(planner.long_chunks(nb, smaller)[0] - 1 for nb in longs) > num_parts
+
+
 def test_num_sm_parts_follows_flashmla_rule():
     assert planner.num_sm_parts(132, 16, 1) == 132          # one M tile per request
     assert planner.num_sm_parts(132, 128, 1) == 66          # two M tiles
@@ -98,7 +127,8 @@ def test_num_sm_parts_follows_flashmla_rule():
 def test_plan_splits_a_request_that_does_not_fit():
     # blocks [2, 30], total cost 2 + 30 + 2 * 5 = 42, payload ceil(42 / 2) + 5 = 26: part 0 takes
     # request 0 (7) and 14 tiles of request 1 (14 + 5), part 1 the remaining 16 tiles (16 + 5).
-    # (Request 1 costs 35 > 26 + 5: the whole-request rule does not apply.)
+    # (Request 1 is long, 35 > capacity 31, and would need two parts of its own after request 0's:
+    # the aligned plan does not fit.)
     metadata, num_splits = planner.plan([100, 64 * 30], 2)
     assert metadata.tolist() == [[0, 0, 1, 14, 0, 0, 0, 0], [1, 14, 1, 30, 1, 0, 0, 0]]
     assert num_splits.tolist() == [0, 1, 3]
@@ -108,10 +138,11 @@ def test_whole_requests_instead_of_a_split():
     # blocks [2, 5], total cost 17, payload ceil(17 / 2) + 5 = 14. The balanced plan splits request 1
     # (part 0: request 0 and 2 tiles of request 1, part 1: the other 3); every request fits whole in a
     # part of 14, and two parts hold them, so each request gets its own part.
-    metadata, num_splits = planner.plan([100, 300], 2, whole_requests=False)
+    metadata, num_splits = planner.plan([100, 300], 2, aligned=False)
     assert metadata.tolist() == [[0, 0, 1, 2, 0, 0, 0, 0], [1, 2, 1, 5, 1, 0, 0, 0]]
     assert num_splits.tolist() == [0, 1, 3]
-    assert planner.whole_capacity([2, 5], 2, 5) == 14
+    assert planner.aligned_capacity([2, 5], 2, 5) == (14, 2)
+    assert planner.aligned_params([2, 5], 2, 5) == (14, 9)
     metadata, num_splits = planner.plan([100, 300], 2)
     assert metadata.tolist() == [[0, 0, 0, 2, 0, 0, 0, 0], [1, 0, 1, 5, 0, 0, 0, 0]]
     assert num_splits.tolist() == [0, 1, 2]
@@ -123,19 +154,65 @@ def test_whole_requests_capacity_up_to_fixed_cost_above_payload():
     # plan cuts 64 requests into 171 chunks).
     lengths = [1024] * 64
     assert planner.balance_budget(lengths, 132) == (11, 16)
-    assert planner.whole_capacity([16] * 64, 132, 5) == 21
-    _, balanced = planner.plan(lengths, 132, whole_requests=False)
+    assert planner.aligned_capacity([16] * 64, 132, 5) == (21, 64)
+    _, balanced = planner.plan(lengths, 132, aligned=False)
     assert balanced[-1] == 64 + 107
     parts = _check_plan(lengths, 132)
     assert [len(p) for p in parts] == [1] * 64 + [0] * 68
-    # 32 requests of 32 tiles on 132 parts: payload 14, a request costs 37 > 14 + 5: balanced plan.
-    assert planner.whole_capacity([32] * 32, 132, 5) is None
     # Whole requests that would need more parts than there are: balanced plan. Blocks [10, 10, 10]
     # on 2 parts: payload ceil(45 / 2) + 5 = 28 >= 15, but 15 + 15 > 28: three parts.
-    assert planner.whole_capacity([10, 10, 10], 2, 5) is None
+    assert planner.aligned_capacity([10, 10, 10], 2, 5) == (28, 3)
+    assert planner.aligned_params([10, 10, 10], 2, 5) is None
     _check_plan([640] * 3, 2)
-    assert planner.whole_capacity([10, 10, 10], 3, 5) == 20
-    assert planner.whole_capacity([], 4, 5) is None
+    assert planner.aligned_params([10, 10, 10], 3, 5) == (20, 15)
+    assert planner.aligned_params([], 4, 5) is None
+
+
+def test_long_requests_split_evenly_one_part_per_chunk():
+    # b32 s1 h128 4096 keys: 64 tiles each on 66 parts; payload ceil(32 * 69 / 66) + 5 = 39. The
+    # balanced plan cuts each request into 34 + 30 tiles; the aligned one into 32 + 32.
+    lengths = [4096] * 32
+    _, balanced = planner.plan(lengths, 66, aligned=False)
+    assert planner.aligned_params([64] * 32, 66, 5) == (44, 34)
+    parts = _check_plan(lengths, 66)
+    assert [[c.end_block - c.begin_block for c in p] for p in parts] == [[32]] * 64 + [[]] * 2
+    # b32 s2 h64 16384 keys: target ceil(32 * 261 / 66) = 127 tiles would cut 256 into 3 chunks (96
+    # parts); 128 (within fixed_cost above target) gives 2 chunks of 128.
+    assert planner.aligned_params([256] * 32, 66, 5) == (137, 128)
+    _check_plan([16384] * 32, 66)
+    # b32 s1 h16 4096: 132 parts, target 17: 4 chunks of 16, not 3 of 22.
+    assert planner.long_chunks(64, 17) == (4, 16)
+    parts = _check_plan([4096] * 32, 132)
+    assert sum(1 for p in parts if p) == 128
+    # Chunk sizes as even as whole tiles allow, never an empty last chunk (9 tiles in 4 chunks of at
+    # most 3 would leave the last one empty: 3 chunks of 3).
+    assert planner.long_chunks(9, 3) == (3, 3) and planner.long_chunks(10, 3) == (4, 3)
+    assert planner.long_chunks(65, 34) == (2, 33)
+
+
+def test_long_and_whole_requests_together():
+    # One long request among short ones: the long one closes the part it meets and takes parts of its
+    # own; the short ones are packed whole around it.
+    lengths = [640, 640, 64 * 100, 640, 0, 640]
+    blocks = [planner.n_blocks(n) for n in lengths]
+    assert planner.aligned_params(blocks, 8, 5) is not None
+    parts = _check_plan(lengths, 8)
+    # blocks [10, 10, 100, 10, 0, 10]: payload ceil(170 / 8) + 5 = 27, capacity 32, target 22: the
+    # long request closes part 0 and takes 5 parts of 20 tiles; then 15 + 5 fit a part, 15 more do not.
+    assert [[(c.req, c.end_block - c.begin_block) for c in p] for p in parts] == (
+        [[(0, 10), (1, 10)]] + [[(2, 20)]] * 5 + [[(3, 10), (4, 0)], [(5, 10)]])
+    # Too many parts for the aligned plan: the balanced plan stands.
+    # Three requests of 300 tiles on 4 parts: payload ceil(915 / 4) + 5 = 234, each long request needs
+    # 2 parts of at most 229..234 tiles: 6 parts.
+    assert planner.aligned_params([300, 300, 300], 4, 5) is None
+    _check_plan([64 * 300] * 3, 4)
+
+
+def test_chunk_tile_candidates():
+    assert planner.chunk_tile_candidates(17, 5) == [17, 18, 19, 20, 21, 22]
+    assert planner.chunk_tile_candidates(17, 0) == [17]
+    assert planner.chunk_tile_candidates(17, 1) == [17, 18]
+    assert planner.chunk_tile_candidates(4, 100) == [4, 24, 44, 64, 84, 104]
 
 
 def test_plan_does_not_split_when_only_the_fixed_cost_would_fit():
