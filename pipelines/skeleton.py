@@ -407,35 +407,37 @@ class MLADecodeBase:
         tOcO = layouts.acc_mn_view(thr_mma.partition_C(cO))
         acc_mn = layouts.acc_mn_view(acc)
         row_base = m_block * BLOCK_M
-        # 16-bit destinations (out; partials in the input dtype) take 16-byte stores of whole 8-column
-        # blocks, gathered within each quad of lanes (store_rows_16); fp32 partials keep the fragment's
-        # 8-byte pair stores, which already fill a 32-byte sector per quad.
-        vector_partials = self.vector_stores and mOaccum.element_type.width == 16
-        if const_expr(self.vector_stores):
-            if is_split:
-                if const_expr(vector_partials):
-                    self.store_rows_16(acc_mn, tOcO, wg_tidx, row_inv, col0, row_base, kv_head, split_idx, mOaccum)
-            else:
-                self.store_rows_16(acc_mn, tOcO, wg_tidx, row_inv, col0, row_base, kv_head, r, mO)
-        for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-            row = row_base + tOcO[i, 0][0]
-            if row < self.rows:
-                inv = row_inv[i]
-                if is_split:
-                    if const_expr(not vector_partials):
-                        for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                            mOaccum[row, col0 + tOcO[i, j][1], kv_head, split_idx] = (
-                                (acc_mn[i, j] * inv).to(mOaccum.element_type))
-                else:
-                    if const_expr(not self.vector_stores):
-                        for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                            mO[row, col0 + tOcO[i, j][1], kv_head, r] = (acc_mn[i, j] * inv).to(mO.element_type)
-                if const_expr(write_lse):
+        if is_split:
+            self.store_o(acc_mn, tOcO, wg_tidx, row_inv, col0, row_base, kv_head, split_idx, mOaccum)
+        else:
+            self.store_o(acc_mn, tOcO, wg_tidx, row_inv, col0, row_base, kv_head, r, mO)
+        if const_expr(write_lse):
+            for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+                row = row_base + tOcO[i, 0][0]
+                if row < self.rows:
                     if wg_tidx % 4 == 0:
                         if is_split:
                             mLSEaccum[row, kv_head, split_idx] = row_lse[i]
                         else:
                             mLSE[row, kv_head, r] = row_lse[i]
+
+    @cute.jit
+    def store_o(self, acc_mn: cute.Tensor, tOcO: cute.Tensor, wg_tidx: Int32, row_inv: cute.Tensor,
+                col0: cutlass.Constexpr[int], row_base: Int32, kv_head: Int32, last: Int32, mDst: cute.Tensor):
+        """Store a warpgroup's normalised 64 x 256 slice of O into ``mDst[row, col, kv_head, last]``
+        (``out`` or the partials; rows past h_q * s_q not stored). 16-bit destinations take 16-byte
+        stores of whole 8-column blocks, gathered within each quad of lanes (``store_rows_16``); fp32
+        ones (fp32 partials) keep the fragment's 8-byte pair stores, which already fill a 32-byte
+        sector per quad."""
+        if const_expr(self.vector_stores and mDst.element_type.width == 16):
+            self.store_rows_16(acc_mn, tOcO, wg_tidx, row_inv, col0, row_base, kv_head, last, mDst)
+        else:
+            for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+                row = row_base + tOcO[i, 0][0]
+                if row < self.rows:
+                    inv = row_inv[i]
+                    for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                        mDst[row, col0 + tOcO[i, j][1], kv_head, last] = (acc_mn[i, j] * inv).to(mDst.element_type)
 
     @cute.jit
     def store_rows_16(self, acc_mn: cute.Tensor, tOcO: cute.Tensor, wg_tidx: Int32, row_inv: cute.Tensor,
