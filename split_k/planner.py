@@ -61,28 +61,32 @@ rest of the request continues in the next part. Bounds (checked by the tests):
 Aligned plans (our addition to FlashMLA's scheme). A split costs more than the balancer's
 ``fixed_cost`` charges: the split chunks write partials that the merge stage reads back, and a part
 that ends inside one request and begins inside the next pays two chunk heads. The balanced plan does
-that in nearly every part: where requests are just longer than ``payload`` it cuts each into two or
-three uneven chunks (34 + 30 tiles plus a 4-tile head of the next request), and where they are just
-shorter it still cuts most of them. The aligned plan never puts pieces of two requests in one part:
+that in many plans: where requests are just longer than ``payload`` it cuts each into uneven chunks
+(34 + 30 tiles at b32 s1 h128 4096 keys), at longer lengths parts straddle two requests (97 chunks
+for 32 requests at 16384 keys), and where requests are just shorter it still cuts most of them. The
+aligned plan never puts pieces of two requests in one part:
 
 - ``capacity = min(max(payload, longest request cost), payload + fixed_cost)``;
 - a request that costs at most ``capacity`` is *whole*: packed in order into parts of ``capacity``
   (a request that does not fit in the rest of a part opens the next one);
 - a longer request is *long*: it closes the current part and is cut into ``k`` chunks of ``c``
-  tiles (the last one shorter), one part each, with ``k = ceil(tiles / target)``, ``c = ceil(tiles /
-  k)`` and then ``k = ceil(tiles / c)`` (``long_chunks``): the fewest chunks of at most ``target``
-  tiles (each costs at most ``payload``), as even as whole tiles allow, none empty.
+  tiles (the last one shorter), one part each, with ``k = ceil(tiles / t)``, ``c = ceil(tiles / k)``
+  and then ``k = ceil(tiles / c)`` (``long_chunks``): the fewest chunks of at most ``t`` tiles, as
+  even as whole tiles allow, none empty;
+- ``t`` is the smallest chunk size from ``target`` (a chunk then costs at most ``payload``, as in the
+  balanced plan) to ``target + fixed_cost`` (at most the capacity; ``chunk_tile_candidates``) for
+  which the parts the packing opens plus the long requests' further chunks fit in ``num_parts``.
 
-The aligned plan is taken when it needs at most ``num_parts`` parts (``aligned_capacity``);
-otherwise the balanced plan stands. Every part of an aligned plan costs at most ``capacity <=
+If no ``t`` fits, the balanced plan stands (``aligned_params``). Every part of an aligned plan costs at most ``capacity <=
 payload + fixed_cost``. Without long requests it packs every request whole (where the balanced plan
 splits nothing as well, the two plans are the same); with uniform long requests it is the even
 split (``k`` equal chunks per request). Measured on an H200 (docs/perf-notes.md, 2wg, page 64,
 uniform lengths): whole requests with the capacity ``fixed_cost`` above ``payload``: b64 s1 h64
 1024 keys 52.0 -> 43.3 us, b96 s1 h64 2048 95.9 -> 75.8, b32 s1 h128 1024 45.9 -> 39.9, b32 s2 h64
 1024 45.8 -> 40.3 (b64 s1 h16 1024 36.3 -> 37.3); with it 8 or more above, the balanced plan was
-faster (b48 s1 h64 1024 39.1 vs 41.8). Even splits of long requests: b32 s2 h64 4096 82.1 -> 78.5
-us, b32 s1 h128 4096 82.3 -> 78.7, b64 s1 h64 4096 99.4 -> 96.4, b32 s2 h64 16384 268.2 -> 257.6.
+faster (b48 s1 h64 1024 39.1 vs 41.8). Long requests, balanced -> aligned (2026-11-25, 22 grid
+configs, geomean x0.978): b32 s2 h64 4096 83.1 -> 79.4 us, b32 s1 h128 4096 82.5 -> 79.0, b64 s1 h128
+16384 557.7 -> 513.6, b128 s1 h64 16384 663.6 -> 614.1; b32 s2 h64 16384 267.2 -> 268.6 (the worst).
 
 The plan is a pure function of the lengths (deterministic) and runs on the host. The layout only
 needs the lengths and a scan over requests, so a device-side planner (one warp doing the same scan,
