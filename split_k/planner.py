@@ -282,15 +282,10 @@ def _aligned_plan(blocks: list[int], num_parts: int, fixed_cost: int, capacity: 
     b = len(blocks)
     begins = [(0, 0, 0)] if b else []  # (req, block, split) each part begins with
     num_splits = [0] * (b + 1)
-    budget = capacity
-    for r, nb in enumerate(blocks):
-        cost = nb + fixed_cost
-        held = min(cost, capacity)  # a long request fills its last part
-        if budget < held:  # it does not fit in the rest of the current part: open the next one
+    for r, (nb, opens) in enumerate(zip(blocks, _aligned_opens(blocks, capacity, fixed_cost))):
+        if opens:
             begins.append((r, 0, 0))
-            budget = capacity
-        budget -= held
-        k, c = long_chunks(nb, chunk_tiles) if cost > capacity else (1, nb)
+        k, c = long_chunks(nb, chunk_tiles) if nb + fixed_cost > capacity else (1, nb)
         begins.extend((r, j * c, j) for j in range(1, k))
         num_splits[r + 1] = num_splits[r] + k
     if len(begins) > num_parts:  # aligned_params counted these parts
@@ -403,13 +398,19 @@ def aligned_capacity(blocks: list[int], num_parts: int, fixed_cost: int) -> tupl
         return 0, 0
     _, payload = _budget(blocks, num_parts, fixed_cost)
     capacity = min(max(payload, max(blocks) + fixed_cost), payload + fixed_cost)
-    opened, budget = 1, capacity
+    return capacity, 1 + sum(_aligned_opens(blocks, capacity, fixed_cost))
+
+
+def _aligned_opens(blocks: list[int], capacity: int, fixed_cost: int) -> list[bool]:
+    """The aligned packing walk: per request, whether it opens a part because its share
+    ``min(cost, capacity)`` does not fit in what is left of the current one (part 0 is open at the
+    start)."""
+    opens, budget = [], capacity
     for nb in blocks:
         held = min(nb + fixed_cost, capacity)
-        if budget < held:
-            opened, budget = opened + 1, capacity
-        budget -= held
-    return capacity, opened
+        opens.append(budget < held)
+        budget = (capacity if budget < held else budget) - held
+    return opens
 
 
 def chunk_tile_candidates(target: int, fixed_cost: int) -> list[int]:

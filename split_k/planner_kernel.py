@@ -427,7 +427,8 @@ class SplitPlanner:
         # but only for long requests, in parallel), summed per warp. (target_c: a tile count is
         # below 2^29 <= CAP, so only target < CAP can be exceeded; a long request has tiles >
         # target, so target < CAP then.)
-        num_candidates = len(chunk_tile_candidates(0, F))
+        offsets = chunk_tile_candidates(0, F)  # chunk sizes tried: target_c + offsets[i] (trace-time)
+        num_candidates = len(offsets)
         rExtra = cute.make_rmem_tensor(CHUNK_CANDIDATES, Int32)
         rExtra.fill(0)
         for r in cutlass.range(tidx, chunks * W, THREADS, unroll=1):
@@ -443,7 +444,7 @@ class SplitPlanner:
             sReq[r % W, r // W, BUDGET] = cutlass.min(cost, capacity_c)
             if cost > capacity_c:
                 for i in cutlass.range_constexpr(num_candidates):
-                    k, _ = self._long_chunks(nb, target_c + chunk_tile_candidates(0, F)[i])
+                    k, _ = self._long_chunks(nb, target_c + offsets[i])
                     rExtra[i] += cutlass.min(k - 1, num_parts)
         for i in cutlass.range_constexpr(num_candidates):
             extra = cute.arch.warp_reduction_sum(rExtra[i])
@@ -473,7 +474,7 @@ class SplitPlanner:
                         extra += sWarpExtra[w, i]
                     if opened + extra <= num_parts:
                         verdict = Int32(1)
-                        tiles = target_c + chunk_tile_candidates(0, F)[i]
+                        tiles = target_c + offsets[i]
             if lane == 0:
                 sAligned[0] = verdict
                 sAligned[1] = tiles
