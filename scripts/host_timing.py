@@ -2,6 +2,7 @@
 
     python scripts/host_timing.py eager [--calls 300] [--rounds 5] [--b 1] [--h-q 16] [--seqlen 1024]
     python scripts/host_timing.py cold  [--b 1] [--h-q 16] [--seqlen 1024]
+    python scripts/host_timing.py pieces [--calls 2000] [--rounds 5] [--b 1] [--h-q 16] [--seqlen 1024]
 
 ``eager``: wall time per call of ``--calls`` back-to-back eager calls after warm-up (median of
 ``--rounds``; to the final ``torch.cuda.synchronize``, so never below the GPU time of a call) and the
@@ -10,6 +11,11 @@ page 64, on the current GPU, for: ``mla.MLADecoder.run`` (planned once,
 ``out`` given), ``mla.flash_mla_with_kvcache`` (metadata from ``get_mla_metadata`` once),
 ``torch.ops.mla.decode`` (the custom op called eagerly), the compiled launch alone (no checks, no
 allocation: the TVM-FFI call floor) and one CUDA graph replay of ``MLADecoder.run`` (the GPU time).
+
+``pieces``: host time per call (the loop alone, median of ``--rounds``) of each step of a cached
+``flash_mla_with_kvcache`` call, timed separately: the signature key and its lookup, each of the three
+allocations (out, lse, workspace), the compiled launch, and for scale a ``torch`` ``add_`` on a
+4-element CUDA tensor (what one small eager torch op costs on this host).
 
 ``cold``: makes sure the configuration is in the kernel cache (``MLA_CACHE_DIR`` or the default),
 then starts a fresh Python process that times ``import torch, mla``, the first ``get_mla_metadata``
@@ -146,16 +152,61 @@ def cold(args) -> int:
     return 0 if runs[-1]["stats"]["disk"] == 2 and runs[-1]["stats"]["compiled"] == 0 else 1
 
 
+def pieces(args) -> int:
+    import torch
+
+    import mla
+    from mla import api
+
+    cfg, inp = _inputs(args.b, args.h_q, args.seqlen)
+    q, k, bt, sl = inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens
+    meta, splits = mla.get_mla_metadata(sl, args.h_q, 1)
+    mla.flash_mla_with_kvcache(q, k, bt, sl, 512, meta, splits)  # loads the kernel, caches the signature
+    key = api._flash_key("auto", q, k, bt, sl, 512, meta, splits, None, False, None)
+    call = api._FLASH_CALLS[key]
+    dev = call.device
+    out = torch.empty(call.out_shape, dtype=call.dtype, device=dev)
+    lse = torch.empty(call.lse_shape, dtype=torch.float32, device=dev)
+    ws = torch.empty(call.workspace_numel, dtype=torch.float32, device=dev)
+    tiny = torch.zeros(4, device=dev)
+    steps = {
+        "flash_mla_with_kvcache (whole call)": lambda: mla.flash_mla_with_kvcache(q, k, bt, sl, 512, meta, splits),
+        "signature key": lambda: api._flash_key("auto", q, k, bt, sl, 512, meta, splits, None, False, None),
+        "signature key + lookup": lambda: api._FLASH_CALLS.get(
+            api._flash_key("auto", q, k, bt, sl, 512, meta, splits, None, False, None)),
+        "torch.empty out (device object)": lambda: torch.empty(call.out_shape, dtype=call.dtype, device=dev),
+        "q.new_empty out": lambda: q.new_empty(call.out_shape, dtype=call.dtype),
+        "torch.empty workspace": lambda: torch.empty(call.workspace_numel, dtype=torch.float32, device=dev),
+        "compiled launch": lambda: call.launch(q, k, bt, sl, meta, splits, out, lse, ws, call.softmax_scale),
+        "torch add_ (4-element CUDA tensor)": lambda: tiny.add_(1.0),
+    }
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; b{args.b} s_q1 h{args.h_q} seqlen "
+          f"{args.seqlen}; host time per call (loop alone), median of {args.rounds} rounds of {args.calls}")
+    for name, fn in steps.items():
+        for _ in range(200):
+            fn()
+        torch.cuda.synchronize()
+        host = []
+        for _ in range(args.rounds):
+            start = time.perf_counter()
+            for _ in range(args.calls):
+                fn()
+            host.append((time.perf_counter() - start) * 1e6 / args.calls)
+            torch.cuda.synchronize()
+        print(f"  {name:<40} {statistics.median(host):7.2f} us")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("mode", choices=("eager", "cold"))
+    parser.add_argument("mode", choices=("eager", "cold", "pieces"))
     parser.add_argument("--calls", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--b", type=int, default=1)
     parser.add_argument("--h-q", type=int, default=16)
     parser.add_argument("--seqlen", type=int, default=1024)
     args = parser.parse_args(argv)
-    return eager(args) if args.mode == "eager" else cold(args)
+    return {"eager": eager, "cold": cold, "pieces": pieces}[args.mode](args)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,133 @@
+"""Two timing checks behind the notes (CUDA-graph replays, interleaved rounds, bf16, one process).
+
+    python scripts/timing_checks.py spread [--config 1,128,2,64,4096 ...] [--decoders 4] [--replays 300]
+    python scripts/timing_checks.py parts  [--config 64,1,1,16,1024 ...] [--variant 2wg] [--replays 300]
+
+``spread``: how far apart one kernel's time lands when it is timed through several decoders. For
+each config it builds ``--decoders`` decoders of the variant ``pipeline="auto"`` resolves to, plus one
+``auto`` decoder (the same kernel), each with its own ``out``, captures one graph per decoder and
+times them interleaved (``perf_table.bench.time_graphs_interleaved``), twice; then the same with one
+``out`` shared by all of them. The max/min of the medians is the measurement's own spread for one
+kernel (what the perf table's "auto within 2%" comparison sits on).
+
+``parts``: graph time of one decode against the number of plan parts (``num_sm_parts`` of the
+device, then /2, /4, ... and x2), host-made aligned plans passed to ``flash_mla_with_kvcache``:
+where the time of the latency rows goes between the main kernel's width and the merge.
+
+``--config`` is ``page,b,s_q,h_q,seqlen``; without it each check runs its default configs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SPREAD_CONFIGS = ((1, 128, 2, 64, 4096), (1, 128, 1, 16, 4096), (64, 1, 2, 32, 16384), (16, 64, 2, 64, 4096))
+PARTS_CONFIGS = ((64, 1, 1, 16, 1024), (64, 1, 1, 16, 16384), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096))
+
+
+def _medians(graphs: dict, replays: int) -> dict:
+    from perf_table import bench
+
+    samples = bench.time_graphs_interleaved(graphs, replays=replays)
+    return {name: round(statistics.median(s), 2) for name, s in samples.items()}
+
+
+def spread(cfg, decoders: int, replays: int) -> list[dict]:
+    import torch
+
+    import mla
+    from perf_table import bench
+
+    inp = bench.make_inputs(cfg, device="cuda", seed=0)
+    probe = mla.MLADecoder(pipeline="auto")
+    probe.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, page_size=cfg.page_size,
+               dtype=inp.q.dtype, causal=cfg.causal)
+    variant = probe.variant_for(inp.block_table)
+    rows = []
+    for shared in (False, True):
+        shared_out = torch.empty(cfg.b, cfg.s_q, cfg.h_q, 512, dtype=inp.q.dtype, device="cuda")
+        fns = {}
+        for i, pipeline in enumerate(["auto"] + [variant] * decoders):
+            dec = mla.MLADecoder(pipeline=pipeline)
+            dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, page_size=cfg.page_size,
+                     dtype=inp.q.dtype, causal=cfg.causal)
+            assert dec.variant_for(inp.block_table) == variant
+            out = shared_out if shared else torch.empty_like(shared_out)
+            fns[f"{pipeline}#{i}"] = (lambda dec=dec, out=out:
+                                      dec.run(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, out=out))
+        graphs = {name: bench.capture_graph(fn) for name, fn in fns.items()}
+        for rep in range(2):
+            med = _medians(graphs, replays)
+            vals = list(med.values())
+            row = dict(config=cfg.label(), variant=variant, shared_out=shared, rep=rep, medians=med,
+                       max_over_min=round(max(vals) / min(vals), 4))
+            rows.append(row)
+            print(f"  {cfg.label():<24} {variant} shared out {shared!s:<5} pass {rep}: "
+                  f"{' '.join(f'{v:.2f}' for v in vals)}  max/min {row['max_over_min']:.3f}")
+        del graphs
+    return rows
+
+
+def parts(cfg, variant: str, replays: int) -> dict:
+    import torch
+
+    import mla
+    from perf_table import bench, grid
+    from split_k import planner
+
+    inp = bench.make_inputs(cfg, device="cuda", seed=0)
+    lengths = grid.varlen_lengths(cfg.b, cfg.seqlen) if cfg.varlen else [cfg.seqlen] * cfg.b
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    base = planner.num_sm_parts(num_sms, cfg.s_q * cfg.h_q, 1)
+    counts = sorted({max(base // d, 1) for d in (1, 2, 4, 8, 16, 32)} | {2 * base})
+    fns = {}
+    for n_parts in counts:
+        meta, splits = (t.cuda() for t in planner.plan(lengths, n_parts))
+        out = torch.empty(cfg.b, cfg.s_q, cfg.h_q, 512, dtype=inp.q.dtype, device="cuda")
+        fns[f"parts {n_parts} chunks {int(splits[-1])}"] = (
+            lambda meta=meta, splits=splits, out=out: mla.flash_mla_with_kvcache(
+                inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, 512, meta, splits, causal=cfg.causal,
+                pipeline=variant, out=out))
+    graphs = {name: bench.capture_graph(fn) for name, fn in fns.items()}
+    med = _medians(graphs, replays)
+    print(f"  {cfg.label():<24} (default parts {base}): " + ", ".join(f"{k}: {v:.2f}" for k, v in med.items()))
+    return dict(config=cfg.label(), default_parts=base, medians=med)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("check", choices=("spread", "parts"))
+    ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen")
+    ap.add_argument("--decoders", type=int, default=3)
+    ap.add_argument("--variant", default="2wg")
+    ap.add_argument("--replays", type=int, default=300)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from perf_table import grid
+
+    default = SPREAD_CONFIGS if args.check == "spread" else PARTS_CONFIGS
+    configs = [grid.Config(*(int(x) for x in c.split(","))) for c in args.config] or [grid.Config(*c) for c in default]
+    print(f"{torch.cuda.get_device_name(0)}; us = median of {args.replays} graph replays per graph")
+    rows = []
+    for cfg in configs:
+        if args.check == "spread":
+            rows += spread(cfg, args.decoders, args.replays)
+        else:
+            rows.append(parts(cfg, args.variant, args.replays))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(0), check=args.check,
+                                                           rows=rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
