@@ -396,7 +396,11 @@ def aligned_capacity(blocks: list[int], num_parts: int, fixed_cost: int) -> tupl
     one part each, come on top (``aligned_params``). ``(0, 0)`` for an empty batch."""
     if not blocks:
         return 0, 0
-    _, payload = _budget(blocks, num_parts, fixed_cost)
+    return _aligned_capacity(blocks, _budget(blocks, num_parts, fixed_cost)[1], fixed_cost)
+
+
+def _aligned_capacity(blocks: list[int], payload: int, fixed_cost: int) -> tuple[int, int]:
+    """``aligned_capacity`` for a non-empty batch whose balanced ``payload`` is known."""
     capacity = min(max(payload, max(blocks) + fixed_cost), payload + fixed_cost)
     return capacity, 1 + sum(_aligned_opens(blocks, capacity, fixed_cost))
 
@@ -436,8 +440,8 @@ def aligned_params(blocks: list[int], num_parts: int, fixed_cost: int) -> tuple[
     opens plus every long request's further chunks fit in ``num_parts``. None for an empty batch."""
     if not blocks:
         return None
-    capacity, opened = aligned_capacity(blocks, num_parts, fixed_cost)
-    target, _ = _budget(blocks, num_parts, fixed_cost)
+    target, payload = _budget(blocks, num_parts, fixed_cost)
+    capacity, opened = _aligned_capacity(blocks, payload, fixed_cost)
     longs = [nb for nb in blocks if nb + fixed_cost > capacity]  # target >= 1 whenever there is one
     for tiles in chunk_tile_candidates(target, fixed_cost):
         if opened + sum(long_chunks(nb, tiles)[0] - 1 for nb in longs) <= num_parts:
