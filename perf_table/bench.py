@@ -77,21 +77,23 @@ def make_inputs(cfg: Config, device="cuda", seed: int = 0) -> Inputs:
     return Inputs(q, k_cache, block_table, cache_seqlens, sum(lengths))
 
 
-def make_decode_fn(mla, variant: str, cfg: Config, inp: Inputs, num_sms: int | None = None):
+def make_decode_fn(mla, variant: str, cfg: Config, inp: Inputs, num_sms: int | None = None, out=None):
     """A zero-argument callable running one decode through the public API, planned once.
 
     ``mla.MLADecoder.plan`` does the host work (split plan, workspace) here, outside the timed
     region, as the anchors computed FlashMLA's scheduler metadata once; with ``out`` preallocated,
     ``run`` neither synchronises nor allocates, so it can be captured in a CUDA graph. ``num_sms``:
-    SM count to plan for (default: the device's). ``variant`` may be ``"auto"``; the callable's
-    ``variant`` attribute names the variant it runs.
+    SM count to plan for (default: the device's); ``out``: the output tensor to write (default: one
+    allocated here). ``variant`` may be ``"auto"``; the callable's ``variant`` attribute names the
+    variant it runs.
     """
     import torch
 
     decoder = mla.MLADecoder(pipeline=variant, num_sms=num_sms)
     decoder.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1,
                  page_size=cfg.page_size, dtype=inp.q.dtype, causal=cfg.causal)
-    out = torch.empty(cfg.b, cfg.s_q, cfg.h_q, HEAD_DIM_V, dtype=inp.q.dtype, device=inp.q.device)
+    if out is None:
+        out = torch.empty(cfg.b, cfg.s_q, cfg.h_q, HEAD_DIM_V, dtype=inp.q.dtype, device=inp.q.device)
 
     def call():
         decoder.run(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, out=out)

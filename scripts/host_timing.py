@@ -2,7 +2,7 @@
 
     python scripts/host_timing.py eager [--calls 300] [--rounds 5] [--b 1] [--h-q 16] [--seqlen 1024]
     python scripts/host_timing.py cold  [--b 1] [--h-q 16] [--seqlen 1024]
-    python scripts/host_timing.py pieces [--calls 2000] [--rounds 5] [--b 1] [--h-q 16] [--seqlen 1024]
+    python scripts/host_timing.py pieces [--calls 300] [--rounds 5] [--b 1] [--h-q 16] [--seqlen 1024]
 
 ``eager``: wall time per call of ``--calls`` back-to-back eager calls after warm-up (median of
 ``--rounds``; to the final ``torch.cuda.synchronize``, so never below the GPU time of a call) and the
@@ -12,7 +12,7 @@ page 64, on the current GPU, for: ``mla.MLADecoder.run`` (planned once,
 ``torch.ops.mla.decode`` (the custom op called eagerly), the compiled launch alone (no checks, no
 allocation: the TVM-FFI call floor) and one CUDA graph replay of ``MLADecoder.run`` (the GPU time).
 
-``pieces``: host time per call (the loop alone, median of ``--rounds``) of each step of a cached
+``pieces``: host time per call (the loop alone, median of ``--rounds`` rounds of ``--calls``) of each step of a cached
 ``flash_mla_with_kvcache`` call, timed separately: the signature key and its lookup, each of the three
 allocations (out, lse, workspace), the compiled launch, and for scale a ``torch`` ``add_`` on a
 4-element CUDA tensor (what one small eager torch op costs on this host).
@@ -46,6 +46,25 @@ def _inputs(b, h_q, seqlen):
     return cfg, bench.make_inputs(cfg, device="cuda", seed=0)
 
 
+def _time_calls(torch, fn, calls: int, rounds: int, warmup: int) -> tuple[list[float], list[float]]:
+    """Per-call times in us of ``rounds`` rounds of ``calls`` back-to-back calls of ``fn`` (after
+    ``warmup`` calls and a synchronize): ``(wall, host)`` per round, wall to the round's final
+    synchronize, host the loop alone (the enqueue cost while the launch queue has room)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    wall, host = [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        enqueued = time.perf_counter()
+        torch.cuda.synchronize()
+        wall.append((time.perf_counter() - start) * 1e6 / calls)
+        host.append((enqueued - start) * 1e6 / calls)
+    return wall, host
+
+
 def eager(args) -> int:
     import torch
 
@@ -75,19 +94,7 @@ def eager(args) -> int:
           f"cannot go below the GPU time. host: the loop alone, i.e. the enqueue cost while the launch queue "
           f"has room)")
     for name, fn in calls.items():
-        for _ in range(50):
-            fn()
-        torch.cuda.synchronize()
-        wall, host = [], []
-        for _ in range(args.rounds):
-            start = time.perf_counter()
-            for _ in range(args.calls):
-                fn()
-            enqueued = time.perf_counter()
-            torch.cuda.synchronize()
-            done = time.perf_counter()
-            wall.append((done - start) * 1e6 / args.calls)
-            host.append((enqueued - start) * 1e6 / args.calls)
+        wall, host = _time_calls(torch, fn, args.calls, args.rounds, warmup=50)
         print(f"  {name:<42} {statistics.median(wall):7.1f} us {statistics.median(host):7.1f} us per call  "
               f"(wall rounds: {', '.join(f'{r:.1f}' for r in wall)})")
     graph = torch.cuda.CUDAGraph()
@@ -183,16 +190,7 @@ def pieces(args) -> int:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; b{args.b} s_q1 h{args.h_q} seqlen "
           f"{args.seqlen}; host time per call (loop alone), median of {args.rounds} rounds of {args.calls}")
     for name, fn in steps.items():
-        for _ in range(200):
-            fn()
-        torch.cuda.synchronize()
-        host = []
-        for _ in range(args.rounds):
-            start = time.perf_counter()
-            for _ in range(args.calls):
-                fn()
-            host.append((time.perf_counter() - start) * 1e6 / args.calls)
-            torch.cuda.synchronize()
+        _, host = _time_calls(torch, fn, args.calls, args.rounds, warmup=200)
         print(f"  {name:<40} {statistics.median(host):7.2f} us")
     return 0
 

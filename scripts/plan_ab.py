@@ -25,12 +25,6 @@ CONTROLS = ((64, 128, 1, 16, 4096), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096)
 MAX_DIFF = 2e-2  # outputs are ~0.1 in bf16; two summation orders differ by a few ulps
 
 
-def _lengths(cfg):
-    from perf_table import grid
-
-    return grid.varlen_lengths(cfg.b, cfg.seqlen) if cfg.varlen else [cfg.seqlen] * cfg.b
-
-
 def changed_configs(num_sms: int) -> list:
     """Page-64 grid configs (multicast rows once) whose aligned and balanced plans differ."""
     from perf_table import grid
@@ -40,7 +34,7 @@ def changed_configs(num_sms: int) -> list:
     for cfg in grid.full_grid((64,)):
         if cfg.multicast is False:
             continue
-        lengths = _lengths(cfg)
+        lengths = cfg.seqlens()
         parts = planner.num_sm_parts(num_sms, cfg.s_q * cfg.h_q, 1)
         a, b = planner.plan(lengths, parts), planner.plan(lengths, parts, aligned=False)
         if not (a[0].equal(b[0]) and a[1].equal(b[1])):
@@ -72,7 +66,7 @@ def main(argv=None) -> int:
     print(f"{'config':<28} {'chunks a/b':>11} {'aligned':>9} {'balanced':>9} {'a/b':>6} {'max|diff|':>10}")
     for cfg in configs:
         inp = bench.make_inputs(cfg, device="cuda", seed=0)
-        lengths = _lengths(cfg)
+        lengths = cfg.seqlens()
         rows_q = cfg.s_q * cfg.h_q
         parts = planner.num_sm_parts(num_sms, rows_q, 1)
         plans = {"aligned": planner.plan(lengths, parts), "balanced": planner.plan(lengths, parts, aligned=False)}

@@ -45,22 +45,15 @@ def spread(cfg, decoders: int, replays: int) -> list[dict]:
     from perf_table import bench
 
     inp = bench.make_inputs(cfg, device="cuda", seed=0)
-    probe = mla.MLADecoder(pipeline="auto")
-    probe.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, page_size=cfg.page_size,
-               dtype=inp.q.dtype, causal=cfg.causal)
-    variant = probe.variant_for(inp.block_table)
+    variant = bench.make_decode_fn(mla, "auto", cfg, inp).variant
     rows = []
     for shared in (False, True):
-        shared_out = torch.empty(cfg.b, cfg.s_q, cfg.h_q, 512, dtype=inp.q.dtype, device="cuda")
+        shared_out = torch.empty(cfg.b, cfg.s_q, cfg.h_q, 512, dtype=inp.q.dtype, device="cuda") if shared else None
         fns = {}
         for i, pipeline in enumerate(["auto"] + [variant] * decoders):
-            dec = mla.MLADecoder(pipeline=pipeline)
-            dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, page_size=cfg.page_size,
-                     dtype=inp.q.dtype, causal=cfg.causal)
-            assert dec.variant_for(inp.block_table) == variant
-            out = shared_out if shared else torch.empty_like(shared_out)
-            fns[f"{pipeline}#{i}"] = (lambda dec=dec, out=out:
-                                      dec.run(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, out=out))
+            fn = bench.make_decode_fn(mla, pipeline, cfg, inp, out=shared_out)
+            assert fn.variant == variant
+            fns[f"{pipeline}#{i}"] = fn
         graphs = {name: bench.capture_graph(fn) for name, fn in fns.items()}
         for rep in range(2):
             med = _medians(graphs, replays)
@@ -78,11 +71,11 @@ def parts(cfg, variant: str, replays: int) -> dict:
     import torch
 
     import mla
-    from perf_table import bench, grid
+    from perf_table import bench
     from split_k import planner
 
     inp = bench.make_inputs(cfg, device="cuda", seed=0)
-    lengths = grid.varlen_lengths(cfg.b, cfg.seqlen) if cfg.varlen else [cfg.seqlen] * cfg.b
+    lengths = cfg.seqlens()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     base = planner.num_sm_parts(num_sms, cfg.s_q * cfg.h_q, 1)
     counts = sorted({max(base // d, 1) for d in (1, 2, 4, 8, 16, 32)} | {2 * base})
