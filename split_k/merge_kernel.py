@@ -12,23 +12,29 @@ H200) and only 16 busy ones at b1/h16, each looping over 128 splits (17 us).
 
 Work units. A split request's work is ``rows * 4`` row-chunks (one query row times 128 of the 512
 columns: a warp covers one with one 16-byte load of fp32 per lane, 8 bytes for 16-bit partials).
-A row-chunk is reduced by ``G`` warps, each over every ``G``-th split, with ``G`` chosen per request
-so that a warp has at most ``LOADS_IN_FLIGHT`` splits per round (``G = 1`` up to 8 splits, 2 up to
-16, 4 up to 32, else 8). A CTA of 8 warps therefore takes ``R = 8 / G`` row-chunks at once (a
-*unit*): many rows per CTA when splits are few (big batches), one row-chunk spread over 8 warps when
-they are many (b = 1, long context). Unit ``u`` goes to slot ``u % S`` and CTA row ``(u // S) % Y``
-of the grid (a grid-stride loop covers any ``Y``).
+A row-chunk is reduced by ``G`` warps, with ``G`` chosen per request so that a warp has at most
+``L`` splits per round (``G = 1`` up to ``L`` splits, 2 up to ``2L``, 4 up to ``4L``, else 8); warp
+``g`` of the ``G`` takes splits ``[gL, gL + L)`` of every block of ``GL`` (consecutive splits: the
+round's partials sit at one base address plus static offsets). A CTA of 8 warps therefore takes
+``R = 8 / G`` row-chunks at once (a *unit*): many rows per CTA when splits are few (big batches),
+one row-chunk spread over 8 warps when they are many (b = 1, long context). Unit ``u`` goes to slot
+``u % S`` and CTA row ``(u // S) % Y`` of the grid (a grid-stride loop covers any ``Y``).
 
-``Y`` is chosen on the host without reading the plan: with ``n ~ max(num_parts // b, 2)`` chunks per
-request (uniform lengths) it is the units per slot, ``ceil(units(n) / (n - 1))``; skewed plans only
-make some CTAs loop more, and idle CTAs return before waiting for the main kernel.
+``L`` and ``Y`` are chosen on the host without reading the plan, from ``n_est = max(num_parts // b,
+2)`` chunks per request (uniform lengths). ``L`` is 16 with 16-bit partials when ``n_est > 8`` and 8
+otherwise (and always 8 for fp32 partials, whose loads are twice as wide): two compiled kernels,
+because 16 loads in flight take 98 registers (2 CTAs per SM) and 8 take 62 (4 per SM), and grids of
+many small units (large batches) need the occupancy more than the loads in flight. ``Y`` is the
+units per slot, ``ceil(units(n_est) / (n_est - 1))``; skewed plans only make some CTAs loop more,
+and idle CTAs return before waiting for the main kernel.
 
 Inside a warp the merge is an online softmax over the warp's own splits: each round issues the
-loads of up to ``LOADS_IN_FLIGHT`` splits (their lse and 4 columns of their partial per lane) before
+loads of up to ``L`` splits (their lse and 4 columns of their partial per lane) before
 using any, then folds them into a running ``(max, sum, acc)``. So the lse values and the partials
 are fetched together (one L2 round trip per round, no separate lse pass), and no barrier precedes
 the loads. With ``G > 1`` the ``G`` warps of a row-chunk combine their ``(max, sum, acc)`` through
 shared memory (rescaled to the common max), and the first of them writes ``out`` and ``lse``.
+The plan row's two fields are read together before the slot test (one round trip, not two).
 
 Programmatic dependent launch: the entry launches this kernel with ``use_pdl`` and the main kernel
 triggers its dependents when it starts, so this grid is scheduled while the main kernel runs;
@@ -58,36 +64,56 @@ WARPS = THREADS // 32
 LANE_COLS = 4  # columns per lane per load: 16 bytes of fp32
 CHUNK = 32 * LANE_COLS  # columns a warp covers with one load per lane
 CHUNKS = HEAD_DIM_V // CHUNK  # 4
-LOADS_IN_FLIGHT = 8
+LOADS_IN_FLIGHT = 16  # splits a warp loads before using any, with 16-bit partials (8 bytes per lane each)
+LOADS_IN_FLIGHT_FP32 = 8  # with fp32 partials (16 bytes per lane each: the same bytes in flight)
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
 
-def split_groups(n: int) -> int:
-    """``G``: warps sharing one row-chunk of a request with ``n`` chunks (the kernel's rule)."""
-    return 1 if n <= LOADS_IN_FLIGHT else 2 if n <= 2 * LOADS_IN_FLIGHT else 4 if n <= 4 * LOADS_IN_FLIGHT else 8
+def loads_in_flight(partial_bytes: int) -> int:
+    """The most splits per round of one warp, for partials of ``partial_bytes`` bytes per element."""
+    return LOADS_IN_FLIGHT if partial_bytes <= 2 else LOADS_IN_FLIGHT_FP32
 
 
-def units_per_request(rows: int, n: int) -> int:
+def estimated_chunks(batch_size: int, num_parts: int) -> int:
+    """``n_est``: chunks per request if the lengths were uniform (what the host side sizes for)."""
+    return max(num_parts // max(batch_size, 1), 2)
+
+
+def kernel_loads(batch_size: int, num_parts: int, max_loads: int = LOADS_IN_FLIGHT) -> int:
+    """``L`` of the kernel a launch runs: ``max_loads`` when ``n_est`` is above 8, else 8."""
+    return max_loads if estimated_chunks(batch_size, num_parts) > LOADS_IN_FLIGHT_FP32 else LOADS_IN_FLIGHT_FP32
+
+
+def split_groups(n: int, loads: int = LOADS_IN_FLIGHT) -> int:
+    """``G``: warps sharing one row-chunk of a request with ``n`` chunks (the kernel's rule), for
+    ``loads`` splits per warp and round."""
+    return 1 if n <= loads else 2 if n <= 2 * loads else 4 if n <= 4 * loads else 8
+
+
+def units_per_request(rows: int, n: int, loads: int = LOADS_IN_FLIGHT) -> int:
     """Units (one CTA step: ``8 / G`` row-chunks) of a split request with ``rows`` rows, ``n`` chunks."""
-    per_unit = WARPS // split_groups(n)
+    per_unit = WARPS // split_groups(n, loads)
     return -(-rows * CHUNKS // per_unit)
 
 
-def grid_y(rows: int, batch_size: int, num_parts: int) -> int:
+def grid_y(rows: int, batch_size: int, num_parts: int, max_loads: int = LOADS_IN_FLIGHT) -> int:
     """The grid's second extent (CTAs per slot), as the host code of ``SplitMerge`` computes it."""
-    n = max(num_parts // max(batch_size, 1), 2)  # chunks per request if the lengths were uniform
-    return max(-(-units_per_request(rows, n) // (n - 1)), 1)
+    n = estimated_chunks(batch_size, num_parts)
+    loads = kernel_loads(batch_size, num_parts, max_loads)
+    return max(-(-units_per_request(rows, n, loads) // (n - 1)), 1)
 
 
-def unit_assignment(metadata, num_splits, rows: int) -> dict:
+def unit_assignment(metadata, num_splits, rows: int, max_loads: int = LOADS_IN_FLIGHT) -> dict:
     """The kernel's work split in plain Python, for the CPU tests: ``{(part, cta_y): [(req, row,
-    first_col, ncols, first_split, split_step), ...]}`` (one entry per warp and unit) for the plan
+    first_col, ncols, splits), ...]}`` (one entry per warp and unit; ``splits`` the chunk indices the
+    warp reduces) for the plan
     ``(metadata [num_parts, 8], num_splits [b + 1])`` (lists or tensors). Every (split request, row,
     column, split) must be reduced exactly once."""
     meta = [list(map(int, m)) for m in (metadata.tolist() if hasattr(metadata, "tolist") else metadata)]
     splits = [int(x) for x in (num_splits.tolist() if hasattr(num_splits, "tolist") else num_splits)]
-    y_ext = grid_y(rows, len(splits) - 1, len(meta))
+    y_ext = grid_y(rows, len(splits) - 1, len(meta), max_loads)
+    loads = kernel_loads(len(splits) - 1, len(meta), max_loads)
     work = {}
     for part, m in enumerate(meta):
         if m[BEGIN_SPLIT] < 1:
@@ -96,15 +122,17 @@ def unit_assignment(metadata, num_splits, rows: int) -> dict:
         n = splits[r + 1] - splits[r]
         slots = n - 1
         slot = m[BEGIN_SPLIT] - 1
-        g_count = split_groups(n)
+        g_count = split_groups(n, loads)
         per_unit = WARPS // g_count
         for cta_y in range(y_ext):
-            for unit in range(cta_y * slots + slot, units_per_request(rows, n), y_ext * slots):
+            for unit in range(cta_y * slots + slot, units_per_request(rows, n, loads), y_ext * slots):
                 for warp in range(WARPS):
                     rc = unit * per_unit + warp // g_count
                     if rc < rows * CHUNKS:
-                        work.setdefault((part, cta_y), []).append(
-                            (r, rc // CHUNKS, (rc % CHUNKS) * CHUNK, CHUNK, warp % g_count, g_count))
+                        group = warp % g_count
+                        mine = tuple(i for i0 in range(group * loads, n, g_count * loads)
+                                     for i in range(i0, min(i0 + loads, n)))
+                        work.setdefault((part, cta_y), []).append((r, rc // CHUNKS, (rc % CHUNKS) * CHUNK, CHUNK, mine))
     return work
 
 
@@ -114,6 +142,7 @@ class SplitMerge:
         self.partial_dtype = partial_dtype
         self.h_q = num_heads
         self.rows = num_heads * seqlen_q
+        self.max_loads = loads_in_flight(partial_dtype.width // 8)
 
     @cute.jit
     def __call__(self, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor, mNumSplits: cute.Tensor, mMeta: cute.Tensor,
@@ -131,43 +160,65 @@ class SplitMerge:
         # head * stride(2) = row * stride(2), because the API checked stride(1) == h_q * stride(2).
         mO = cute.make_tensor(mO.iterator, cute.make_layout(
             (mO.shape[0], self.rows, HEAD_DIM_V), stride=(mO.stride[0], mO.stride[2], 1)))
-        # CTAs per slot (grid_y): units per slot if every request had num_parts / b chunks.
         n_est = cutlass.max(num_parts // cutlass.max(batch, Int32(1)), Int32(2))
-        groups = self._split_groups(n_est)
-        units = (Int32(self.rows * CHUNKS) + WARPS // groups - 1) // (WARPS // groups)
-        y = cutlass.max((units + n_est - 2) // (n_est - 1), Int32(1))
-        self.kernel(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE).launch(
-            grid=[num_parts, y, 1], block=[THREADS, 1, 1], smem=SharedStorage.size_in_bytes(), stream=stream,
-            use_pdl=use_pdl)
+        # Two kernels with 16-bit partials, chosen per launch from the shapes (so a graph keeps its
+        # choice): 16 splits per warp and round where requests have many chunks (one round where 8
+        # took two, and fewer units per slot), 8 where they have few (62 registers instead of 98:
+        # 4 CTAs per SM instead of 2 for the big grids of large batches). See ``kernel_loads``.
+        if cutlass.const_expr(self.max_loads > LOADS_IN_FLIGHT_FP32):
+            if n_est > LOADS_IN_FLIGHT_FP32:
+                self.launch(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl, n_est, self.max_loads)
+            else:
+                self.launch(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl, n_est,
+                            LOADS_IN_FLIGHT_FP32)
+        else:
+            self.launch(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl, n_est,
+                        LOADS_IN_FLIGHT_FP32)
 
     @cute.jit
-    def _split_groups(self, n: Int32) -> Int32:
+    def launch(self, mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl: cutlass.Constexpr[bool],
+               n_est: Int32, loads: cutlass.Constexpr[int]):
+        y = self._grid_y(n_est, loads)
+        self.kernel(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, loads).launch(
+            grid=[mMeta.shape[0], y, 1], block=[THREADS, 1, 1], smem=self.shared_storage.size_in_bytes(),
+            stream=stream, use_pdl=use_pdl)
+
+    @cute.jit
+    def _grid_y(self, n_est: Int32, loads: cutlass.Constexpr[int]) -> Int32:
+        """CTAs per slot (``grid_y``): units per slot if every request had ``n_est`` chunks."""
+        groups = self._split_groups(n_est, loads)
+        units = (Int32(self.rows * CHUNKS) + WARPS // groups - 1) // (WARPS // groups)
+        return cutlass.max((units + n_est - 2) // (n_est - 1), Int32(1))
+
+    @cute.jit
+    def _split_groups(self, n: Int32, loads: cutlass.Constexpr[int]) -> Int32:
         g = Int32(8)
-        if n <= 4 * LOADS_IN_FLIGHT:
+        if n <= 4 * loads:
             g = Int32(4)
-        if n <= 2 * LOADS_IN_FLIGHT:
+        if n <= 2 * loads:
             g = Int32(2)
-        if n <= LOADS_IN_FLIGHT:
+        if n <= loads:
             g = Int32(1)
         return g
 
     @cute.kernel
     def kernel(self, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor, mNumSplits: cute.Tensor, mMeta: cute.Tensor,
-               mO: cute.Tensor, mLSE: cute.Tensor):
+               mO: cute.Tensor, mLSE: cute.Tensor, loads: cutlass.Constexpr[int]):
         tidx, _, _ = cute.arch.thread_idx()
         part, cta_y, _ = cute.arch.block_idx()
         _, grid_y, _ = cute.arch.grid_dim()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = tidx % 32
         rows = self.rows
+        # Both plan fields at once (one round trip before the branch, not one on each side of it).
         begin_split = mMeta[part, BEGIN_SPLIT]
+        r = mMeta[part, BEGIN_REQ]
         if begin_split >= 1:  # this part begins chunk begin_split of a split request: one of its slots
-            r = mMeta[part, BEGIN_REQ]
             base = mNumSplits[r]
             n = mNumSplits[r + 1] - base
             slots = n - 1
             slot = begin_split - 1
-            groups = self._split_groups(n)
+            groups = self._split_groups(n, loads)
             per_unit = WARPS // groups  # row-chunks per unit
             units = (rows * CHUNKS + per_unit - 1) // per_unit
             group = warp % groups
@@ -175,8 +226,8 @@ class SplitMerge:
             sAcc = storage.acc.get_tensor(cute.make_layout((CHUNK, WARPS)))
             sM = storage.m.get_tensor(cute.make_layout(WARPS))
             sS = storage.s.get_tensor(cute.make_layout(WARPS))
-            rPart = cute.make_rmem_tensor((LANE_COLS, LOADS_IN_FLIGHT), self.partial_dtype)
-            rLse = cute.make_rmem_tensor(LOADS_IN_FLIGHT, Float32)
+            rPart = cute.make_rmem_tensor((LANE_COLS, loads), self.partial_dtype)
+            rLse = cute.make_rmem_tensor(loads, Float32)
             acc = cute.make_rmem_tensor(LANE_COLS, Float32)
 
             cute.arch.griddepcontrol_wait()  # partials and lse_accum come from the main kernel
@@ -190,26 +241,38 @@ class SplitMerge:
                 total = Float32(0.0)
                 acc.fill(0.0)
                 if active:
-                    for i0 in cutlass.range(group, n, groups * LOADS_IN_FLIGHT, unroll=1):
-                        # Issue every load of the round (lse and partial) before using any.
-                        for k in cutlass.range_constexpr(LOADS_IN_FLIGHT):
-                            i = i0 + k * groups
+                    # Warp ``group`` takes splits [group * L, group * L + L) of each block of G * L
+                    # splits: consecutive splits, so a round's addresses are one base plus constant
+                    # offsets (the split stride is static) instead of L 64-bit addresses.
+                    split_elems = rows * HEAD_DIM_V  # o_accum's split stride (DecodeEntry's layout)
+                    for i0 in cutlass.range(group * loads, n, groups * loads, unroll=1):
+                        # The round's L partial slices: one 64-bit base, static offsets per split.
+                        offset = cute.assume(cutlass.Int64(base + i0) * split_elems + Int32(row * HEAD_DIM_V + col0),
+                                             divby=LANE_COLS)
+                        gRound = cute.make_tensor(mOaccum.iterator + offset, cute.make_layout(
+                            (LANE_COLS, loads), stride=(1, split_elems)))
+                        # Issue every load of the round (lse and partial) before using any. The lse
+                        # values stay in natural-log units until the round's max is known: scaled to
+                        # log2 on load, ptxas put each multiply right behind its load, inside the
+                        # load's predicate, so every lse load waited for the previous one.
+                        for k in cutlass.range_constexpr(loads):
+                            i = i0 + k
                             rLse[k] = -Float32.inf
                             if i < n:
-                                gPart = cute.local_tile(mOaccum[base + i, row, None], (LANE_COLS,), (col0 // LANE_COLS,))
-                                cute.autovec_copy(gPart, rPart[None, k])
-                                rLse[k] = mLSEaccum[base + i, row] * Float32(LOG2E)
-                        m_new = m
-                        for k in cutlass.range_constexpr(LOADS_IN_FLIGHT):
-                            m_new = cute.arch.fmax(m_new, rLse[k])
+                                cute.autovec_copy(gRound[None, k], rPart[None, k])
+                                rLse[k] = mLSEaccum[base + i, row]
+                        round_max = -Float32.inf
+                        for k in cutlass.range_constexpr(loads):
+                            round_max = cute.arch.fmax(round_max, rLse[k])
+                        m_new = cute.arch.fmax(m, round_max * Float32(LOG2E))
                         if m_new != -Float32.inf:  # else nothing seen yet: acc, total stay 0
                             rescale = cute.math.exp2(m - m_new, fastmath=True)  # 0 when m = -inf
                             total *= rescale
                             for c in cutlass.range_constexpr(LANE_COLS):
                                 acc[c] *= rescale
-                            for k in cutlass.range_constexpr(LOADS_IN_FLIGHT):
+                            for k in cutlass.range_constexpr(loads):
                                 if rLse[k] != -Float32.inf:  # a chunk without a key may hold anything
-                                    w = cute.math.exp2(rLse[k] - m_new, fastmath=True)
+                                    w = cute.math.exp2(rLse[k] * Float32(LOG2E) - m_new, fastmath=True)
                                     total += w
                                     for c in cutlass.range_constexpr(LANE_COLS):
                                         acc[c] += w * Float32(rPart[c, k])

@@ -1,0 +1,195 @@
+"""What the split-kv second stage costs after the decode kernel (CUDA-graph replays, interleaved, bf16).
+
+    python scripts/merge_tail.py [--config 64,1,1,16,1024 ...] [--variant 2wg] [--replays 300] [--modes M,...]
+                                 [--json F]
+
+For each config one ``MLADecoder`` is planned as usual; then the decode kernel is compiled again
+behind entries that differ only in what follows it, and each is captured in its own graph:
+
+- ``merge``: the library's entry (decode, then the merge kernel chained by programmatic dependent
+  launch);
+- ``merge-nopdl``: the same merge kernel launched plainly (it starts after the decode grid ends);
+- ``none``: the decode kernel alone (the output of split requests is left unmerged: timing only);
+- ``wait``: an empty grid of ``num_parts`` CTAs launched with PDL whose CTAs only execute
+  ``griddepcontrol.wait``: the floor of any second kernel that reads the decode's results;
+- ``exit``: the same grid with PDL but CTAs that return at once (a second stage whose CTAs all find
+  nothing to do);
+- ``merge-l8``: the merge with 8 splits per warp and round instead of 16 (16-bit partials);
+- ``merge-y2``: the merge with twice the CTAs per slot;
+- ``merge-old``: the merge kernel module at ``$MERGE_OLD`` (a file, e.g. from ``git show``), for A/B.
+
+``merge - none`` is the merge stage's cost in a graph; ``wait - none`` the part of it that no merge
+kernel can avoid; ``exit - none`` what launching a dependent grid costs when it waits for nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CONFIGS = ((64, 1, 1, 16, 1024), (64, 1, 1, 16, 16384), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096),
+           (64, 128, 1, 128, 4096))
+MODES = ("merge", "merge-nopdl", "merge-l8", "merge-y2", "merge-old", "none", "wait", "exit")
+DEFAULT_MODES = ("merge", "merge-nopdl", "none", "wait", "exit")
+
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+
+from pipelines.launch import DecodeEntry  # noqa: E402
+from split_k.merge_kernel import SplitMerge  # noqa: E402
+
+
+class Tail:
+    """An empty dependent grid: ``num_parts`` CTAs of one warp that wait for the decode or not."""
+
+    def __init__(self, wait: bool):
+        self.wait = wait
+
+    @cute.jit
+    def __call__(self, mMeta: cute.Tensor, stream):
+        self.kernel(mMeta).launch(grid=[mMeta.shape[0], 1, 1], block=[32, 1, 1], stream=stream, use_pdl=True)
+
+    @cute.kernel
+    def kernel(self, mMeta: cute.Tensor):
+        if cutlass.const_expr(self.wait):
+            cute.arch.griddepcontrol_wait()
+
+
+class DoubleY(SplitMerge):
+    """The merge with twice the CTAs per slot."""
+
+    @cute.jit
+    def _grid_y(self, n_est, loads: cutlass.Constexpr[int]):
+        return SplitMerge._grid_y(self, n_est, loads) * 2
+
+
+def _old_merge():
+    """The merge kernel module of a previous commit, from ``$MERGE_OLD`` (a file path), for A/B."""
+    import importlib.util
+    import os
+    spec = importlib.util.spec_from_file_location("old_merge_kernel", os.environ["MERGE_OLD"])
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+class ModeEntry(DecodeEntry):
+    def __init__(self, config, mode: str):
+        super().__init__(config)
+        self.mode = mode
+        if mode == "merge-l8":
+            self.merge.max_loads = 8
+        if mode == "merge-y2":
+            self.merge = DoubleY(self.merge.dtype, self.merge.h_q, self.rows // self.merge.h_q, self.partial_dtype)
+        if mode == "merge-old":
+            self.merge = _old_merge().SplitMerge(self.merge.dtype, self.merge.h_q, self.rows // self.merge.h_q,
+                                                 self.partial_dtype)
+        self.tail = Tail(mode == "wait")
+
+    @cute.jit
+    def __call__(self, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
+                 workspace, softmax_scale, stream):
+        rows = self.rows
+        n = tile_scheduler_metadata.shape[0] + q.shape[0]
+        split_stride = cute.assume(cutlass.Int64(rows * 512), divby=512)
+        row_stride = cute.assume(cutlass.Int64(512), divby=512)
+        o_ptr = workspace.iterator
+        if cutlass.const_expr(self.partial_dtype is not cutlass.Float32):
+            o_ptr = cute.recast_ptr(workspace.iterator, dtype=self.partial_dtype)
+        o_accum = cute.make_tensor(o_ptr, cute.make_layout((n, rows, 512), stride=(split_stride, row_stride, 1)))
+        lse_accum = cute.make_tensor(workspace.iterator + cutlass.Int64(n) * (rows * 512),
+                                     cute.make_layout((n, rows), stride=(rows, 1)))
+        self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
+                    o_accum, lse_accum, softmax_scale, stream)
+        if cutlass.const_expr(self.mode in ("merge-l8", "merge-y2", "merge-old")):
+            self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, stream, use_pdl=True)
+        if cutlass.const_expr(self.mode == "merge-nopdl"):
+            self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, stream, use_pdl=False)
+        if cutlass.const_expr(self.mode in ("wait", "exit")):
+            self.tail(tile_scheduler_metadata, stream)
+
+
+
+def measure(cfg, variant: str, replays: int, entry_cls, compiled: dict, modes=DEFAULT_MODES) -> dict:
+    import torch
+
+    import mla
+    from perf_table import bench
+    from pipelines import paged_kv
+    from pipelines.launch import TVM_FFI_OPTION, DecodeConfig, entry_args, partial_from_env
+
+    inp = bench.make_inputs(cfg, device="cuda", seed=0)
+    dec = mla.MLADecoder(pipeline=variant)
+    dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1, page_size=cfg.page_size,
+             dtype=inp.q.dtype, causal=cfg.causal)
+    shape = dec._planned
+    config = DecodeConfig.make(variant, shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal, 1,
+                               paged_kv.multicast_enabled(), partial_from_env(), dec._info.split_cluster)
+    outs, fns = {}, {}
+    for mode in modes:
+        if mode == "merge":
+            fn = dec._launches[variant]
+        else:
+            key = (config, mode)
+            if key not in compiled:
+                compiled[key] = cute.compile(entry_cls(config, mode), *entry_args(config), options=TVM_FFI_OPTION)
+            fn = compiled[key]
+        out = outs[mode] = torch.empty(cfg.b, cfg.s_q, cfg.h_q, 512, dtype=inp.q.dtype, device="cuda")
+        lse = torch.empty_like(dec._lse)
+        fns[mode] = (lambda fn=fn, out=out, lse=lse: fn(
+            inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, dec.tile_scheduler_metadata, dec.num_splits,
+            out, lse, dec._workspace, dec._scale))
+    graphs = {mode: bench.capture_graph(fn) for mode, fn in fns.items()}
+    torch.cuda.synchronize()
+    # The merge modes must agree (same kernels, PDL or not): a cheap guard that the entries are right.
+    diffs = {}
+    for mode in [m for m in modes if m.startswith("merge-")]:
+        d = (outs["merge"].float() - outs[mode].float()).abs()
+        diffs[mode] = (float(d.nan_to_num(nan=float("inf")).max()), int(outs[mode].isnan().sum()))
+    print(f"    max |out - merge's out|, NaN count: {diffs}", flush=True)
+    samples = bench.time_graphs_interleaved(graphs, replays=replays)
+    med = {m: round(statistics.median(s), 2) for m, s in samples.items()}
+    splits = dec.num_splits.tolist()
+    n_split = sum(1 for a, b in zip(splits, splits[1:]) if b - a > 1)
+    row = dict(config=cfg.label(), variant=variant, parts=int(dec.tile_scheduler_metadata.shape[0]),
+               chunks=int(splits[-1]), split_requests=n_split, medians=med)
+    print(f"  {cfg.label():<24} parts {row['parts']} chunks {row['chunks']} split requests {n_split}: "
+          + ", ".join(f"{m} {v:.2f}" for m, v in med.items()), flush=True)
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen")
+    ap.add_argument("--variant", default="2wg")
+    ap.add_argument("--replays", type=int, default=300)
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--modes", default=",".join(DEFAULT_MODES),
+                    help=f"comma-separated, from {','.join(MODES)} (merge-old needs $MERGE_OLD)")
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from perf_table import grid
+
+    configs = [grid.Config(*(int(x) for x in c.split(","))) for c in args.config] or [grid.Config(*c) for c in CONFIGS]
+    print(f"{torch.cuda.get_device_name(0)}; us = median of {args.replays} graph replays per graph", flush=True)
+    entry_cls, compiled, rows = ModeEntry, {}, []
+    for p in range(args.passes):
+        for cfg in configs:
+            rows.append(dict(measure(cfg, args.variant, args.replays, entry_cls, compiled, args.modes.split(",")),
+                             rep=p))
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(0), rows=rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
