@@ -233,6 +233,17 @@ class DecodeEntry:
     def __call__(self, q: cute.Tensor, k_cache: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,
                  tile_scheduler_metadata: cute.Tensor, num_splits: cute.Tensor, out: cute.Tensor, lse: cute.Tensor,
                  workspace: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
+        o_accum, lse_accum = self.workspace_views(q, tile_scheduler_metadata, workspace)
+        self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
+                    o_accum, lse_accum, softmax_scale, stream)
+        # Second stage: requests with one chunk were written by the main kernel; the merge skips them.
+        # Chained by programmatic dependent launch: the main kernel lets it be scheduled as soon as
+        # every main CTA runs, so its launch overlaps the main kernel instead of following it.
+        self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, stream, use_pdl=True)
+
+    @cute.jit
+    def workspace_views(self, q: cute.Tensor, tile_scheduler_metadata: cute.Tensor, workspace: cute.Tensor):
+        """``(o_accum [n, rows, 512], lse_accum [n, rows])`` views of the one workspace buffer."""
         rows = self.rows
         n = tile_scheduler_metadata.shape[0] + q.shape[0]  # b + num_parts: bounds num_splits[b]
         # The split stride is a 64-bit value (b * rows * 512 can pass 2^31 elements) that the
@@ -248,12 +259,7 @@ class DecodeEntry:
             (n, rows, HEAD_DIM_V), stride=(split_stride, row_stride, 1)))
         lse_accum = cute.make_tensor(workspace.iterator + cutlass.Int64(n) * (rows * HEAD_DIM_V), cute.make_layout(
             (n, rows), stride=(rows, 1)))
-        self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
-                    o_accum, lse_accum, softmax_scale, stream)
-        # Second stage: requests with one chunk were written by the main kernel; the merge skips them.
-        # Chained by programmatic dependent launch: the main kernel lets it be scheduled as soon as
-        # every main CTA runs, so its launch overlaps the main kernel instead of following it.
-        self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, stream, use_pdl=True)
+        return o_accum, lse_accum
 
 
 def compile_entry(config: DecodeConfig, options: str | None = None):

@@ -42,7 +42,7 @@ import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 
 from pipelines.launch import DecodeEntry  # noqa: E402
-from split_k.merge_kernel import SplitMerge  # noqa: E402
+from split_k.merge_kernel import LOADS_NARROW, SplitMerge  # noqa: E402
 
 
 class Tail:
@@ -84,7 +84,7 @@ class ModeEntry(DecodeEntry):
         super().__init__(config)
         self.mode = mode
         if mode == "merge-l8":
-            self.merge.max_loads = 8
+            self.merge.max_loads = LOADS_NARROW
         if mode == "merge-y2":
             self.merge = DoubleY(self.merge.dtype, self.merge.h_q, self.rows // self.merge.h_q, self.partial_dtype)
         if mode == "merge-old":
@@ -95,16 +95,7 @@ class ModeEntry(DecodeEntry):
     @cute.jit
     def __call__(self, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                  workspace, softmax_scale, stream):
-        rows = self.rows
-        n = tile_scheduler_metadata.shape[0] + q.shape[0]
-        split_stride = cute.assume(cutlass.Int64(rows * 512), divby=512)
-        row_stride = cute.assume(cutlass.Int64(512), divby=512)
-        o_ptr = workspace.iterator
-        if cutlass.const_expr(self.partial_dtype is not cutlass.Float32):
-            o_ptr = cute.recast_ptr(workspace.iterator, dtype=self.partial_dtype)
-        o_accum = cute.make_tensor(o_ptr, cute.make_layout((n, rows, 512), stride=(split_stride, row_stride, 1)))
-        lse_accum = cute.make_tensor(workspace.iterator + cutlass.Int64(n) * (rows * 512),
-                                     cute.make_layout((n, rows), stride=(rows, 1)))
+        o_accum, lse_accum = self.workspace_views(q, tile_scheduler_metadata, workspace)
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                     o_accum, lse_accum, softmax_scale, stream)
         if cutlass.const_expr(self.mode in ("merge-l8", "merge-y2", "merge-old")):
@@ -113,7 +104,6 @@ class ModeEntry(DecodeEntry):
             self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, stream, use_pdl=False)
         if cutlass.const_expr(self.mode in ("wait", "exit")):
             self.tail(tile_scheduler_metadata, stream)
-
 
 
 def measure(cfg, variant: str, replays: int, entry_cls, compiled: dict, modes=DEFAULT_MODES) -> dict:

@@ -64,15 +64,18 @@ WARPS = THREADS // 32
 LANE_COLS = 4  # columns per lane per load: 16 bytes of fp32
 CHUNK = 32 * LANE_COLS  # columns a warp covers with one load per lane
 CHUNKS = HEAD_DIM_V // CHUNK  # 4
-LOADS_IN_FLIGHT = 16  # splits a warp loads before using any, with 16-bit partials (8 bytes per lane each)
-LOADS_IN_FLIGHT_FP32 = 8  # with fp32 partials (16 bytes per lane each: the same bytes in flight)
+# Splits a warp loads per round before using any (``L``): the wide kernel (16-bit partials, 8 bytes per
+# lane each, requests of many chunks) and the narrow one (fp32 partials, 16 bytes per lane each, and
+# 16-bit partials when requests have few chunks; see ``kernel_loads``).
+LOADS_WIDE = 16
+LOADS_NARROW = 8
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
 
 def loads_in_flight(partial_bytes: int) -> int:
     """The most splits per round of one warp, for partials of ``partial_bytes`` bytes per element."""
-    return LOADS_IN_FLIGHT if partial_bytes <= 2 else LOADS_IN_FLIGHT_FP32
+    return LOADS_WIDE if partial_bytes <= 2 else LOADS_NARROW
 
 
 def estimated_chunks(batch_size: int, num_parts: int) -> int:
@@ -80,31 +83,31 @@ def estimated_chunks(batch_size: int, num_parts: int) -> int:
     return max(num_parts // max(batch_size, 1), 2)
 
 
-def kernel_loads(batch_size: int, num_parts: int, max_loads: int = LOADS_IN_FLIGHT) -> int:
+def kernel_loads(batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE) -> int:
     """``L`` of the kernel a launch runs: ``max_loads`` when ``n_est`` is above 8, else 8."""
-    return max_loads if estimated_chunks(batch_size, num_parts) > LOADS_IN_FLIGHT_FP32 else LOADS_IN_FLIGHT_FP32
+    return max_loads if estimated_chunks(batch_size, num_parts) > LOADS_NARROW else LOADS_NARROW
 
 
-def split_groups(n: int, loads: int = LOADS_IN_FLIGHT) -> int:
+def split_groups(n: int, loads: int = LOADS_WIDE) -> int:
     """``G``: warps sharing one row-chunk of a request with ``n`` chunks (the kernel's rule), for
     ``loads`` splits per warp and round."""
     return 1 if n <= loads else 2 if n <= 2 * loads else 4 if n <= 4 * loads else 8
 
 
-def units_per_request(rows: int, n: int, loads: int = LOADS_IN_FLIGHT) -> int:
+def units_per_request(rows: int, n: int, loads: int = LOADS_WIDE) -> int:
     """Units (one CTA step: ``8 / G`` row-chunks) of a split request with ``rows`` rows, ``n`` chunks."""
     per_unit = WARPS // split_groups(n, loads)
     return -(-rows * CHUNKS // per_unit)
 
 
-def grid_y(rows: int, batch_size: int, num_parts: int, max_loads: int = LOADS_IN_FLIGHT) -> int:
+def grid_y(rows: int, batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE) -> int:
     """The grid's second extent (CTAs per slot), as the host code of ``SplitMerge`` computes it."""
     n = estimated_chunks(batch_size, num_parts)
     loads = kernel_loads(batch_size, num_parts, max_loads)
     return max(-(-units_per_request(rows, n, loads) // (n - 1)), 1)
 
 
-def unit_assignment(metadata, num_splits, rows: int, max_loads: int = LOADS_IN_FLIGHT) -> dict:
+def unit_assignment(metadata, num_splits, rows: int, max_loads: int = LOADS_WIDE) -> dict:
     """The kernel's work split in plain Python, for the CPU tests: ``{(part, cta_y): [(req, row,
     first_col, ncols, splits), ...]}`` (one entry per warp and unit; ``splits`` the chunk indices the
     warp reduces) for the plan
@@ -165,15 +168,15 @@ class SplitMerge:
         # choice): 16 splits per warp and round where requests have many chunks (one round where 8
         # took two, and fewer units per slot), 8 where they have few (62 registers instead of 98:
         # 4 CTAs per SM instead of 2 for the big grids of large batches). See ``kernel_loads``.
-        if cutlass.const_expr(self.max_loads > LOADS_IN_FLIGHT_FP32):
-            if n_est > LOADS_IN_FLIGHT_FP32:
+        if cutlass.const_expr(self.max_loads > LOADS_NARROW):
+            if n_est > LOADS_NARROW:
                 self.launch(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl, n_est, self.max_loads)
             else:
                 self.launch(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl, n_est,
-                            LOADS_IN_FLIGHT_FP32)
+                            LOADS_NARROW)
         else:
             self.launch(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl, n_est,
-                        LOADS_IN_FLIGHT_FP32)
+                        LOADS_NARROW)
 
     @cute.jit
     def launch(self, mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl: cutlass.Constexpr[bool],

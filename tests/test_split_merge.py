@@ -174,7 +174,7 @@ def test_merge_kernel_units_cover_every_split_row_once(seed):
     rows = rng.choice([1, 16, 32, 64, 128, 256, 512])
     num_parts = rng.choice([1, 2, 7, 33, 66, 132])
     meta, splits = planner.plan(lengths, num_parts)
-    max_loads = rng.choice([merge_kernel.LOADS_IN_FLIGHT, merge_kernel.LOADS_IN_FLIGHT_FP32])  # 16-bit, fp32
+    max_loads = rng.choice([merge_kernel.LOADS_WIDE, merge_kernel.LOADS_NARROW])  # 16-bit, fp32 partials
     work = merge_kernel.unit_assignment(meta, splits, rows, max_loads)
     seen = {}
     n_of = {r: int(splits[r + 1] - splits[r]) for r in range(b)}
