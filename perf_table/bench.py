@@ -198,29 +198,42 @@ def capture_graph(fn, warmup: int = 3):
     return graph
 
 
-def time_graphs_interleaved(graphs: dict, replays: int = 100, rounds: int | None = None) -> dict[str, list[float]]:
+def time_graphs_interleaved(graphs: dict, replays: int = 100, rounds: int | None = None,
+                            per: int | None = None) -> dict[str, list[float]]:
     """Per-replay times in microseconds of several captured graphs (``{name: graph}``), measured in
-    ``rounds`` rounds (default two per graph) of ``ceil(replays / rounds)`` replays each, the order of
-    the graphs rotated every round, so that a drift in clocks or temperature during the measurement
-    (a compute-bound config slows down as the GPU heats) falls on every graph alike instead of on
-    whichever is timed last. Returns ``{name: samples}``, about ``replays`` samples each."""
+    rounds, the order of the graphs rotated every round, so that a drift in clocks or temperature
+    during the measurement (a compute-bound config slows down as the GPU heats) falls on every graph
+    alike instead of on whichever is timed last. Each round replays every graph ``per`` times in a row
+    (default: ``ceil(replays / rounds)`` with ``rounds`` default two per graph); ``per=1`` alternates
+    the graphs replay by replay, so sample ``i`` of every graph comes from the same round (the finest
+    pairing). Returns ``{name: samples}``, about ``replays`` samples each, in round order."""
     import torch
 
     names = list(graphs)
-    rounds = rounds or 2 * len(names)
-    per = -(-replays // rounds)
+    if per is None:
+        rounds = rounds or 2 * len(names)
+        per = -(-replays // rounds)
+    else:
+        rounds = -(-replays // per)
+    # Rounds are enqueued in batches of about 10 replays per graph behind one backlog, then read back:
+    # the GPU runs a batch's replays back to back, and the host does not wait after every round.
+    batch = max(1, 10 // per)
     samples: dict[str, list[float]] = {n: [] for n in names}
-    for r in range(rounds):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
-            starts = [torch.cuda.Event(enable_timing=True) for _ in range(per)]
-            ends = [torch.cuda.Event(enable_timing=True) for _ in range(per)]
-            _backlog(torch, per)
+    for first in range(0, rounds, batch):
+        visits = []
+        for r in range(first, min(first + batch, rounds)):
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
+                visits.append((name, [torch.cuda.Event(enable_timing=True) for _ in range(per)],
+                               [torch.cuda.Event(enable_timing=True) for _ in range(per)]))
+        _backlog(torch, per * len(visits))
+        for name, starts, ends in visits:
             for start, end in zip(starts, ends):
                 start.record()
                 graphs[name].replay()
                 end.record()
-            torch.cuda.synchronize()
+        torch.cuda.synchronize()
+        for name, starts, ends in visits:
             samples[name] += [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
     return samples
 

@@ -35,16 +35,22 @@ MIN_REPLAYS = 100
 # taken for a hung kernel: the run writes what it has and exits rather than wait for an outer kill.
 CONFIG_TIMEOUT_S = 120
 WARMUP_REPLAYS = 3
+# One replay of each graph of a config per round (bench.time_graphs_interleaved's per=1): the finest
+# interleaving, and sample i of every graph comes from round i, which the auto rows' paired ratios use.
+REPLAYS_PER_ROUND = 1
 SEED = 0
 
 TIMING = {
     "method": "CUDA graph of one mla.MLADecoder.run call (plan() once, outside the graph; out "
               "preallocated), replayed back to back behind a spin kernel; CUDA events around each "
               "replay; median reported. All rows of one config (its pipelines, auto, its multicast-off "
-              "pipelines) are captured together and replayed in interleaved rounds, the order rotated "
-              "each round (2 rounds per row), so drift during the measurement falls on all of them alike",
+              "pipelines) are captured together and replayed alternately, one replay of each per round, "
+              "the order rotated each round, so drift during the measurement falls on all of them alike; "
+              "an auto row's 'paired' holds, per variant of its config, the median over rounds of auto's "
+              "replay time / that variant's replay time in the same round",
     "eager_calls_before_capture": 2,
     "warmup_replays": WARMUP_REPLAYS,
+    "replays_per_round": REPLAYS_PER_ROUND,
     "l2_flushed": False,
 }
 EAGER_TIMING = {
@@ -148,11 +154,22 @@ def _config_fields(variant: str, cfg: grid.Config, resolved: str | None = None) 
             "varlen": cfg.varlen, "causal": cfg.causal, "multicast": cfg.multicast, "kv_capacity": cfg.kv_capacity()}
 
 
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """Median over rounds of ``a[i] / b[i]``: two graphs' replay times taken in the same rounds
+    (``bench.time_graphs_interleaved`` returns samples in round order). Where two rows run the same
+    kernel this sits much closer to 1 than the ratio of their medians, which carries each median's
+    own spread (docs/perf-notes.md, tenth session)."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
 def measure_row(variant: str, cfg: grid.Config, total_kv_tokens: int, samples_us: list[float],
-                roofline: dict, eager: dict | None = None, resolved: str | None = None) -> dict:
+                roofline: dict, eager: dict | None = None, resolved: str | None = None,
+                paired: dict | None = None) -> dict:
     """One row of the raw JSON from the replay times of a config: every figure the table shows.
     ``eager``: ``{"run_us": ..., "flash_us": ..., "plan_run_us": ...}`` eager wall times per call, when
-    measured (``plan_run_us`` may be absent). ``resolved``: the variant an ``"auto"`` row ran."""
+    measured (``plan_run_us`` may be absent). ``resolved``: the variant an ``"auto"`` row ran.
+    ``paired``: for an auto row, ``{variant: paired_ratio(auto, variant)}`` over the variants timed
+    with it (same multicast setting)."""
     us = statistics.median(samples_us)
     nbytes = formulas.decode_bytes(cfg.b, cfg.s_q, cfg.h_q, total_kv_tokens, cfg.dtype)
     flops = formulas.decode_flops(cfg.s_q, cfg.h_q, total_kv_tokens)
@@ -177,6 +194,8 @@ def measure_row(variant: str, cfg: grid.Config, total_kv_tokens: int, samples_us
         "eager_plan_run_us": eager.get("plan_run_us") if eager else None,
         "error": None,
     })
+    if paired:
+        row["paired"] = {v: round(r, 5) for v, r in paired.items()}
     return row
 
 
@@ -220,7 +239,8 @@ def run_plan(plan: list[tuple[str, grid.Config]], bench: Callable[[str, grid.Con
                 total, samples, *rest = bench(variant, cfg)
                 eager = rest[0] if rest else None
                 extra = rest[1] if len(rest) > 1 else {}
-                row = measure_row(variant, cfg, total, samples, roofline, eager, extra.get("resolved"))
+                row = measure_row(variant, cfg, total, samples, roofline, eager, extra.get("resolved"),
+                                  extra.get("paired"))
                 rows.append(row)
                 eager_note = (f" | eager run {row['eager_run_us']:.1f} us, flash {row['eager_flash_us']:.1f} us"
                               if row["eager_run_us"] is not None else "")
@@ -452,8 +472,13 @@ def main(quick: bool = False, pipeline: str | list[str] | None = None, out: str 
             except Exception as exc:  # noqa: BLE001 - that row records it
                 measured[v, c] = exc
         if graphs:
-            for vc, samples in bench.time_graphs_interleaved(graphs, replays).items():
-                measured[vc] = (fns[vc], samples)
+            timed = bench.time_graphs_interleaved(graphs, replays, per=REPLAYS_PER_ROUND)
+            for vc, samples in timed.items():
+                paired = None
+                if vc[0] == AUTO:
+                    paired = {v: paired_ratio(samples, other) for (v, c), other in timed.items()
+                              if v != AUTO and c == vc[1]}
+                measured[vc] = (fns[vc], samples, paired)
 
     def run_one(variant, cfg):
         timer = threading.Timer(CONFIG_TIMEOUT_S * len(group_of[group_key(cfg)]), hung, (variant, cfg))
@@ -465,9 +490,9 @@ def main(quick: bool = False, pipeline: str | list[str] | None = None, out: str 
             result = measured[variant, cfg]
             if isinstance(result, Exception):
                 raise result
-            fn, samples = result
+            fn, samples, paired = result
             inp = inputs(cfg)
-            extra = {"resolved": fn.variant}
+            extra = {"resolved": fn.variant, "paired": paired}
             if not eager:
                 return inp.total_kv_tokens, samples, None, extra
             # The switch is read at every launch: hold it for the eager calls too.

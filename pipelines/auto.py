@@ -48,7 +48,11 @@ than the run's fastest pipeline for that config)::
 committed file differs (the CPU tests do the same). ``python -m pipelines.auto --verify RUN_FILE``
 reads a run that also measured ``auto`` rows (``python -m perf_table run`` with both pipelines) and
 prints, per config, auto's time against the faster variant's; exit 1 if any is more than ``SLOWER``
-slower.
+slower. The comparison is the auto row's paired ratio against the faster variant (the median over
+rounds of auto's replay time / that variant's replay time in the same round; runs from the tenth
+session on record it) and, for runs without it, the ratio of the two medians. Both are printed: two
+timings of one kernel land within 0.6% of each other by the paired ratio, and up to 4% apart by
+medians (docs/perf-notes.md, tenth session).
 """
 from __future__ import annotations
 
@@ -287,17 +291,21 @@ def slower_rows(run: dict, entries: Sequence[dict]) -> list[tuple[tuple, str, fl
 
 def verify(run: dict) -> list[dict]:
     """One line per default-path config of ``run`` that has an ``auto`` row and at least two variant
-    rows: ``{"config", "auto_us", "resolved", "fastest", "fastest_us", "ratio" (auto / fastest),
-    "resolved_ratio" (the resolved variant's own row / fastest, None if not measured), "slower"
-    (ratio > 1 + SLOWER)}``, in config order. ``resolved_ratio`` tells a wrong choice (above 1 +
-    SLOWER too) from the noise between two timings of the same kernel (within it)."""
+    rows: ``{"config", "auto_us", "resolved", "fastest", "fastest_us", "ratio" (auto / fastest, by
+    medians), "paired" (the auto row's paired ratio against the fastest, None where the run has
+    none), "resolved_ratio" (the resolved variant's own row / fastest, None if not measured),
+    "slower" (the paired ratio, else the ratio, > 1 + SLOWER)}``, in config order.
+    ``resolved_ratio`` tells a wrong choice (above 1 + SLOWER too) from the noise between two timings
+    of the same kernel (within it)."""
     times: dict[tuple, dict[str, float]] = {}
     resolved: dict[tuple, str | None] = {}
+    paired: dict[tuple, dict] = {}
     for row in run["rows"]:
         if _default_path(row):
             times.setdefault(_config(row), {})[row["pipeline"]] = float(row["us"])
             if row["pipeline"] == AUTO:
                 resolved[_config(row)] = row.get("resolved")
+                paired[_config(row)] = row.get("paired") or {}
     out = []
     for config in sorted(times, key=repr):
         by_pipeline = dict(times[config])
@@ -309,10 +317,11 @@ def verify(run: dict) -> list[dict]:
         fastest = min(by_pipeline, key=lambda p: (by_pipeline[p], p))
         best = by_pipeline[fastest]
         variant = resolved.get(config)
+        pair = paired[config].get(fastest)
         out.append({"config": config, "auto_us": auto_us, "resolved": variant, "fastest": fastest, "fastest_us": best,
-                    "ratio": auto_us / best,
+                    "ratio": auto_us / best, "paired": pair,
                     "resolved_ratio": by_pipeline[variant] / best if variant in by_pipeline else None,
-                    "slower": auto_us > best * (1 + SLOWER)})
+                    "slower": (pair if pair is not None else auto_us / best) > 1 + SLOWER})
     return out
 
 
@@ -330,16 +339,25 @@ def print_verify(lines: list[dict], source: str) -> int:
         return 1
     for line in lines:
         own = "-" if line["resolved_ratio"] is None else f"x{line['resolved_ratio']:.3f}"
+        pair = "-" if line["paired"] is None else f"x{line['paired']:.3f}"
         print(f"  {_config_label(line['config']):<34} auto ({line['resolved'] or '?'}) {line['auto_us']:9.1f} us  "
-              f"fastest {line['fastest']} {line['fastest_us']:9.1f} us  x{line['ratio']:.3f}  "
+              f"fastest {line['fastest']} {line['fastest_us']:9.1f} us  medians x{line['ratio']:.3f}  paired {pair}  "
               f"(its own row {own}){'  SLOWER' if line['slower'] else ''}")
     slow = [line for line in lines if line["slower"]]
+    by_medians = [line for line in lines if line["ratio"] > 1 + SLOWER]
     noise = [line for line in slow if line["resolved_ratio"] is not None and line["resolved_ratio"] <= 1 + SLOWER]
     worst = max(lines, key=lambda line: line["ratio"])
+    with_pair = [line for line in lines if line["paired"] is not None]
+    paired_note = ""
+    if with_pair:
+        worst_pair = max(with_pair, key=lambda line: line["paired"])
+        paired_note = (f"; paired ratios on {len(with_pair)} configs, worst x{worst_pair['paired']:.3f} "
+                       f"({_config_label(worst_pair['config'])})")
     print(f"{source}: {len(lines)} configs with auto and both variants; {len(lines) - len(slow)} within "
           f"{SLOWER:.0%} of the faster variant, {len(slow)} SLOWER ({len(noise)} of them where the resolved variant's "
-          f"own row is within {SLOWER:.0%}: the two timings of one kernel differ, not the choice); worst "
-          f"x{worst['ratio']:.3f} ({_config_label(worst['config'])})")
+          f"own row is within {SLOWER:.0%}: the two timings of one kernel differ, not the choice){paired_note}; "
+          f"by medians {len(lines) - len(by_medians)} within, worst x{worst['ratio']:.3f} "
+          f"({_config_label(worst['config'])})")
     return 1 if slow else 0
 
 

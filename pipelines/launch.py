@@ -221,9 +221,12 @@ class DecodeEntry:
 
     def __init__(self, config: DecodeConfig):
         from split_k.merge_kernel import SplitMerge
+        from split_k.planner import BLOCK_N
         c = config
         cdt = _cute_dtype(c.dtype)
         self.rows = c.rows
+        self.page_size = c.page_size
+        self.block_n = BLOCK_N
         self.decode = _kernel_class(c.variant)(cdt, c.num_heads_q, c.seqlen_q, c.page_size, c.causal, c.num_heads_k,
                                                multicast=c.cluster > 1, split_cluster=c.split_cluster)
         self.partial_dtype = cutlass.Float32 if c.partial == "float32" else cdt
@@ -239,7 +242,9 @@ class DecodeEntry:
         # Second stage: requests with one chunk were written by the main kernel; the merge skips them.
         # Chained by programmatic dependent launch: the main kernel lets it be scheduled as soon as
         # every main CTA runs, so its launch overlaps the main kernel instead of following it.
-        self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, stream, use_pdl=True)
+        # The block table's capacity in tiles sizes the merge for requests that fill it (n_est).
+        max_tiles = (block_table.shape[1] * self.page_size + self.block_n - 1) // self.block_n
+        self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, max_tiles, stream, use_pdl=True)
 
     @cute.jit
     def workspace_views(self, q: cute.Tensor, tile_scheduler_metadata: cute.Tensor, workspace: cute.Tensor):
@@ -361,7 +366,7 @@ def compile_merge(dtype: str, num_heads: int, seqlen_q: int, options: str | None
     pdt = f32 if partial_name(dtype, partial) == "float32" else cdt
     meta = make_fake_tensor(cutlass.Int32, (cute.sym_int32(), 8), (8, 1), assumed_align=4)
     args = (_fake(pdt, 3, 8), _fake(f32, 2), _fake(cutlass.Int32, 1), meta, _fake(cdt, 4, 8), _fake(f32, 3),
-            cute.runtime.make_fake_stream())
+            cutlass.Int32(16), cute.runtime.make_fake_stream())
     kernel = SplitMerge(cdt, num_heads, seqlen_q, pdt)
     return cute.compile(kernel, *args) if options is None else cute.compile(kernel, *args, options=options)
 

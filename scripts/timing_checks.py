@@ -1,7 +1,8 @@
-"""Two timing checks behind the notes (CUDA-graph replays, interleaved rounds, bf16, one process).
+"""Timing checks behind the notes (CUDA-graph replays, interleaved rounds, bf16, one process).
 
     python scripts/timing_checks.py spread [--config 1,128,2,64,4096 ...] [--decoders 4] [--replays 300]
     python scripts/timing_checks.py parts  [--config 64,1,1,16,1024 ...] [--variant 2wg] [--replays 300]
+    python scripts/timing_checks.py auto   [--config 64,128,1,128,4096 ...] [--per 0 1] [--passes 3] [--replays 100]
 
 ``spread``: how far apart one kernel's time lands when it is timed through several decoders. For
 each config it builds ``--decoders`` decoders of the variant ``pipeline="auto"`` resolves to, plus one
@@ -13,6 +14,12 @@ kernel (what the perf table's "auto within 2%" comparison sits on).
 ``parts``: graph time of one decode against the number of plan parts (``num_sm_parts`` of the
 device, then /2, /4, ... and x2), host-made aligned plans passed to ``flash_mla_with_kvcache``:
 where the time of the latency rows goes between the main kernel's width and the merge.
+
+``auto``: the perf runner's group for a config (2wg, 3wg, auto, and both variants with multicast off
+where the config runs a cluster), timed the runner's way ``--passes`` times for each ``--per`` (replays
+per graph per round; 0 = the runner's default rounds, 1 = graphs alternating replay by replay). For
+every pass: auto / the faster variant by medians (the perf table's comparison) and the paired ratio
+(median over rounds of auto's replay / the same round's replay of the faster variant).
 
 ``--config`` is ``page,b,s_q,h_q,seqlen``; without it each check runs its default configs.
 """
@@ -28,6 +35,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 SPREAD_CONFIGS = ((1, 128, 2, 64, 4096), (1, 128, 1, 16, 4096), (64, 1, 2, 32, 16384), (16, 64, 2, 64, 4096))
+AUTO_CONFIGS = ((64, 128, 1, 128, 4096), (16, 64, 2, 128, 4096), (1, 32, 2, 32, 16384), (64, 1, 1, 16, 4096))
 PARTS_CONFIGS = ((64, 1, 1, 16, 1024), (64, 1, 1, 16, 16384), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096))
 
 
@@ -93,13 +101,62 @@ def parts(cfg, variant: str, replays: int) -> dict:
     return dict(config=cfg.label(), default_parts=base, medians=med)
 
 
+def paired_ratio(a: list[float], b: list[float]) -> float:
+    """Median over i of a[i] / b[i]: samples taken in the same round (``time_graphs_interleaved``
+    returns them in round order)."""
+    return statistics.median(x / y for x, y in zip(a, b))
+
+
+def auto_check(cfg, per_values, passes: int, replays: int) -> list[dict]:
+    import dataclasses
+
+    import mla
+    import pipelines
+    from perf_table import bench, runner
+
+    inp = bench.make_inputs(cfg, device="cuda", seed=0)
+    members = [(v, cfg) for v in ("2wg", "3wg", "auto")]
+    if pipelines.multicast_cluster(cfg.page_size, cfg.h_q * cfg.s_q) > 1:
+        cfg = dataclasses.replace(cfg, multicast=True)
+        members = [(v, cfg) for v in ("2wg", "3wg", "auto")]
+        members += [(v, dataclasses.replace(cfg, multicast=False)) for v in ("2wg", "3wg")]
+    fns, graphs = {}, {}
+    for v, c in members:
+        name = v + ("" if c.multicast is not False else " mc-off")
+        with runner.multicast_env(c.multicast), runner.pipeline_env(v):
+            fns[name] = bench.make_decode_fn(mla, v, c, inp)
+            graphs[name] = bench.capture_graph(fns[name])
+    resolved = fns["auto"].variant
+    rows = []
+    for per in per_values:
+        for rep in range(passes):
+            samples = bench.time_graphs_interleaved(graphs, replays=replays, per=per or None)
+            med = {n: statistics.median(s) for n, s in samples.items()}
+            fastest = min(("2wg", "3wg"), key=lambda n: med[n])
+            row = dict(config=cfg.label(), per=per, rep=rep, auto_ran=resolved, fastest=fastest,
+                       medians={n: round(m, 2) for n, m in med.items()},
+                       auto_over_fastest=round(med["auto"] / med[fastest], 4),
+                       auto_over_fastest_paired=round(paired_ratio(samples["auto"], samples[fastest]), 4),
+                       auto_over_same_kernel=round(med["auto"] / med[resolved], 4),
+                       auto_over_same_kernel_paired=round(paired_ratio(samples["auto"], samples[resolved]), 4))
+            rows.append(row)
+            print(f"  {cfg.label():<24} per {per or 'default'} pass {rep}: "
+                  + " ".join(f"{n} {m:.2f}" for n, m in med.items())
+                  + f" | auto ({resolved}) / fastest ({fastest}): median {row['auto_over_fastest']:.4f}"
+                  f" paired {row['auto_over_fastest_paired']:.4f}")
+    del graphs
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("check", choices=("spread", "parts"))
+    ap.add_argument("check", choices=("spread", "parts", "auto"))
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen")
     ap.add_argument("--decoders", type=int, default=3)
     ap.add_argument("--variant", default="2wg")
     ap.add_argument("--replays", type=int, default=300)
+    ap.add_argument("--per", type=int, nargs="+", default=[0, 1], help="auto: replays per graph per round (0: default)")
+    ap.add_argument("--passes", type=int, default=3)
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -107,13 +164,15 @@ def main(argv=None) -> int:
 
     from perf_table import grid
 
-    default = SPREAD_CONFIGS if args.check == "spread" else PARTS_CONFIGS
+    default = {"spread": SPREAD_CONFIGS, "parts": PARTS_CONFIGS, "auto": AUTO_CONFIGS}[args.check]
     configs = [grid.Config(*(int(x) for x in c.split(","))) for c in args.config] or [grid.Config(*c) for c in default]
     print(f"{torch.cuda.get_device_name(0)}; us = median of {args.replays} graph replays per graph")
     rows = []
     for cfg in configs:
         if args.check == "spread":
             rows += spread(cfg, args.decoders, args.replays)
+        elif args.check == "auto":
+            rows += auto_check(cfg, args.per, args.passes, args.replays)
         else:
             rows.append(parts(cfg, args.variant, args.replays))
     if args.json:

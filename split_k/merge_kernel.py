@@ -20,13 +20,18 @@ round's partials sit at one base address plus static offsets). A CTA of 8 warps 
 one row-chunk spread over 8 warps when they are many (b = 1, long context). Unit ``u`` goes to slot
 ``u % S`` and CTA row ``(u // S) % Y`` of the grid (a grid-stride loop covers any ``Y``).
 
-``L`` and ``Y`` are chosen on the host without reading the plan, from ``n_est = max(num_parts // b,
-2)`` chunks per request (uniform lengths). ``L`` is 16 with 16-bit partials when ``n_est > 8`` and 8
-otherwise (and always 8 for fp32 partials, whose loads are twice as wide): two compiled kernels,
-because 16 loads in flight take 98 registers (2 CTAs per SM) and 8 take 62 (4 per SM), and grids of
-many small units (large batches) need the occupancy more than the loads in flight. ``Y`` is the
-units per slot, ``ceil(units(n_est) / (n_est - 1))``; skewed plans only make some CTAs loop more,
-and idle CTAs return before waiting for the main kernel.
+``L`` and ``Y`` are chosen on the host without reading the plan, from ``n_est`` chunks per request:
+what the split planner's cost model gives a batch of ``b`` requests that all fill the block table
+(``T`` = its capacity in 64-token tiles, each chunk charged ``T`` tiles plus the planner's fixed cost
+``F``): ``target = ceil(b * (T + F) / num_parts)``, ``n_est = max(min(ceil(T / target), num_parts // b), 2)``
+(``estimated_chunks``; ``max(num_parts // b, 2)`` when the capacity is not given). ``L`` is 16 with
+16-bit partials when ``n_est > 8`` and 8 otherwise (and always 8 for fp32 partials, whose loads are
+twice as wide): two compiled kernels, because 16 loads in flight take 98 registers (2 CTAs per SM)
+and 8 take 62 (4 per SM): where requests have at most 8 chunks both take one round, and the narrow
+kernel's occupancy wins (H200, b8 1024 keys: 0.8-1.0 us of 14-16). ``Y`` is the units per slot,
+``ceil(units(n_est) / (n_est - 1))``; skewed plans only make some CTAs loop more, and idle CTAs return
+before waiting for the main kernel. The choice depends on shapes only (b, num_parts, the block
+table's width), so a captured graph keeps it.
 
 Inside a warp the merge is an online softmax over the warp's own splits: each round issues the
 loads of up to ``L`` splits (their lse and 4 columns of their partial per lane) before
@@ -56,7 +61,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32
 
-from split_k.planner import BEGIN_REQ, BEGIN_SPLIT
+from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, BLOCK_N, FIXED_COST
 
 HEAD_DIM_V = 512
 THREADS = 256
@@ -78,14 +83,26 @@ def loads_in_flight(partial_bytes: int) -> int:
     return LOADS_WIDE if partial_bytes <= 2 else LOADS_NARROW
 
 
-def estimated_chunks(batch_size: int, num_parts: int) -> int:
-    """``n_est``: chunks per request if the lengths were uniform (what the host side sizes for)."""
-    return max(num_parts // max(batch_size, 1), 2)
+def capacity_tiles(max_pages: int, page_size: int) -> int:
+    """``T``: 64-token tiles of a request that fills a block table of ``max_pages`` pages."""
+    return -(-max_pages * page_size // BLOCK_N)
 
 
-def kernel_loads(batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE) -> int:
+def estimated_chunks(batch_size: int, num_parts: int, max_tiles: int | None = None) -> int:
+    """``n_est``: chunks per request if every request held ``max_tiles`` tiles (the planner's cost
+    model, module docstring); ``max(num_parts // b, 2)`` without ``max_tiles``. What the host side
+    sizes for."""
+    b = max(batch_size, 1)
+    if max_tiles is None:
+        return max(num_parts // b, 2)
+    t = max(max_tiles, 1)
+    target = -(-b * (t + FIXED_COST) // max(num_parts, 1))
+    return max(min(-(-t // target), num_parts // b), 2)
+
+
+def kernel_loads(batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE, max_tiles: int | None = None) -> int:
     """``L`` of the kernel a launch runs: ``max_loads`` when ``n_est`` is above 8, else 8."""
-    return max_loads if estimated_chunks(batch_size, num_parts) > LOADS_NARROW else LOADS_NARROW
+    return max_loads if estimated_chunks(batch_size, num_parts, max_tiles) > LOADS_NARROW else LOADS_NARROW
 
 
 def split_groups(n: int, loads: int = LOADS_WIDE) -> int:
@@ -100,14 +117,16 @@ def units_per_request(rows: int, n: int, loads: int = LOADS_WIDE) -> int:
     return -(-rows * CHUNKS // per_unit)
 
 
-def grid_y(rows: int, batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE) -> int:
+def grid_y(rows: int, batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE,
+           max_tiles: int | None = None) -> int:
     """The grid's second extent (CTAs per slot), as the host code of ``SplitMerge`` computes it."""
-    n = estimated_chunks(batch_size, num_parts)
-    loads = kernel_loads(batch_size, num_parts, max_loads)
+    n = estimated_chunks(batch_size, num_parts, max_tiles)
+    loads = kernel_loads(batch_size, num_parts, max_loads, max_tiles)
     return max(-(-units_per_request(rows, n, loads) // (n - 1)), 1)
 
 
-def unit_assignment(metadata, num_splits, rows: int, max_loads: int = LOADS_WIDE) -> dict:
+def unit_assignment(metadata, num_splits, rows: int, max_loads: int = LOADS_WIDE,
+                    max_tiles: int | None = None) -> dict:
     """The kernel's work split in plain Python, for the CPU tests: ``{(part, cta_y): [(req, row,
     first_col, ncols, splits), ...]}`` (one entry per warp and unit; ``splits`` the chunk indices the
     warp reduces) for the plan
@@ -115,8 +134,8 @@ def unit_assignment(metadata, num_splits, rows: int, max_loads: int = LOADS_WIDE
     column, split) must be reduced exactly once."""
     meta = [list(map(int, m)) for m in (metadata.tolist() if hasattr(metadata, "tolist") else metadata)]
     splits = [int(x) for x in (num_splits.tolist() if hasattr(num_splits, "tolist") else num_splits)]
-    y_ext = grid_y(rows, len(splits) - 1, len(meta), max_loads)
-    loads = kernel_loads(len(splits) - 1, len(meta), max_loads)
+    y_ext = grid_y(rows, len(splits) - 1, len(meta), max_loads, max_tiles)
+    loads = kernel_loads(len(splits) - 1, len(meta), max_loads, max_tiles)
     work = {}
     for part, m in enumerate(meta):
         if m[BEGIN_SPLIT] < 1:
@@ -149,7 +168,10 @@ class SplitMerge:
 
     @cute.jit
     def __call__(self, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor, mNumSplits: cute.Tensor, mMeta: cute.Tensor,
-                 mO: cute.Tensor, mLSE: cute.Tensor, stream: cuda.CUstream, use_pdl: cutlass.Constexpr[bool] = False):
+                 mO: cute.Tensor, mLSE: cute.Tensor, max_tiles: Int32, stream: cuda.CUstream,
+                 use_pdl: cutlass.Constexpr[bool] = False):
+        """``max_tiles``: the block table's capacity in 64-token tiles (``capacity_tiles``), for
+        ``n_est`` (module docstring)."""
         @cute.struct
         class SharedStorage:
             acc: cute.struct.Align[cute.struct.MemRange[Float32, WARPS * CHUNK], 16]
@@ -163,7 +185,11 @@ class SplitMerge:
         # head * stride(2) = row * stride(2), because the API checked stride(1) == h_q * stride(2).
         mO = cute.make_tensor(mO.iterator, cute.make_layout(
             (mO.shape[0], self.rows, HEAD_DIM_V), stride=(mO.stride[0], mO.stride[2], 1)))
-        n_est = cutlass.max(num_parts // cutlass.max(batch, Int32(1)), Int32(2))
+        # n_est as ``estimated_chunks`` computes it from the shapes.
+        t = cutlass.max(max_tiles, Int32(1))
+        target = (cutlass.max(batch, Int32(1)) * (t + FIXED_COST) + num_parts - 1) // cutlass.max(num_parts, Int32(1))
+        n_est = cutlass.max(cutlass.min((t + target - 1) // target, num_parts // cutlass.max(batch, Int32(1))),
+                            Int32(2))
         # Two kernels with 16-bit partials, chosen per launch from the shapes (so a graph keeps its
         # choice): 16 splits per warp and round where requests have many chunks (one round where 8
         # took two, and fewer units per slot), 8 where they have few (62 registers instead of 98:

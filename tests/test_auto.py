@@ -11,11 +11,13 @@ from pipelines import auto
 
 
 def row(pipeline, us, *, page=64, b=128, s_q=1, h_q=128, seqlen=4096, varlen=False, multicast=None, error=None,
-        resolved=None):
+        resolved=None, paired=None):
     r = {"pipeline": pipeline, "us": us, "dtype": "bf16", "page_size": page, "b": b, "s_q": s_q, "h_q": h_q,
          "seqlen": seqlen, "varlen": varlen, "multicast": multicast, "error": error}
     if resolved is not None:
         r["resolved"] = resolved
+    if paired is not None:
+        r["paired"] = paired
     return r
 
 
@@ -250,3 +252,16 @@ def test_verify_cli_prints_every_config_and_exits_1_on_a_slower_row(tmp_path, ca
     path.write_text(json.dumps(run_of(row("2wg", 100.0), row("3wg", 120.0))))
     assert auto.main(["--verify", str(path)]) == 1  # nothing to verify is not a pass
     assert "no config with an auto row" in capsys.readouterr().out
+
+
+def test_verify_uses_the_paired_ratio_where_the_run_has_one():
+    """An auto row with ``paired`` (runs from the tenth session on) is judged by its paired ratio
+    against the faster variant, not by the ratio of medians; both are reported."""
+    noisy = run_of(row("2wg", 100.0), row("3wg", 120.0),
+                   row("auto", 104.0, resolved="2wg", paired={"2wg": 1.003, "3wg": 0.87}))
+    (line,) = auto.verify(noisy)
+    assert line["ratio"] == pytest.approx(1.04) and line["paired"] == 1.003 and not line["slower"]
+    wrong = run_of(row("2wg", 100.0), row("3wg", 120.0),
+                   row("auto", 101.0, resolved="3wg", paired={"2wg": 1.15, "3wg": 0.99}))
+    (line,) = auto.verify(wrong)
+    assert line["ratio"] == pytest.approx(1.01) and line["paired"] == 1.15 and line["slower"]

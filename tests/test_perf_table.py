@@ -323,7 +323,7 @@ def test_main_end_to_end_on_a_fake_gpu(fake_kernel, fake_planner, monkeypatch, t
     make_inputs = bench.make_inputs
     monkeypatch.setattr(bench, "make_inputs", lambda cfg, seed: make_inputs(cfg, device="cpu", seed=seed))
     monkeypatch.setattr(bench, "capture_graph", lambda fn, warmup: (fn(), object())[1])
-    monkeypatch.setattr(bench, "time_graphs_interleaved", lambda graphs, replays: {n: [10.0] * replays for n in graphs})
+    monkeypatch.setattr(bench, "time_graphs_interleaved", lambda graphs, replays, per=None: {n: [10.0] * replays for n in graphs})
     eager_calls = []
     monkeypatch.setattr(bench, "time_eager", lambda fn, calls, warmup, rounds: (
         eager_calls.append((calls, warmup, rounds)), fn(), 7.0 + len(eager_calls))[2])
@@ -396,7 +396,15 @@ def test_main_times_auto_beside_both_pipelines(fake_kernel, fake_planner, monkey
     monkeypatch.setattr(bench, "make_inputs", lambda cfg, seed: (made.append(cfg), make_inputs(cfg, device="cpu",
                                                                                              seed=seed))[1])
     monkeypatch.setattr(bench, "capture_graph", lambda fn, warmup: (fn(), object())[1])
-    monkeypatch.setattr(bench, "time_graphs_interleaved", lambda graphs, replays: {n: [10.0] * replays for n in graphs})
+    pers = []
+
+    def timed(graphs, replays, per=None):
+        # 2wg and auto alternate 10 / 20 us, 3wg 12 / 24 us: medians 15, 15, 18; auto's paired ratios
+        # (round by round) 1.0 against 2wg and 10/12 against 3wg.
+        pers.append(per)
+        return {n: ([12.0, 24.0] if n[0] == "3wg" else [10.0, 20.0]) * (replays // 2) for n in graphs}
+
+    monkeypatch.setattr(bench, "time_graphs_interleaved", timed)
     monkeypatch.setattr(bench, "cuda_healthy", lambda: True)
     try:
         rc = runner.main(quick=True, page_sizes=[64], out=str(tmp_path), replays=100, commit="abc1234", eager=False)
@@ -413,6 +421,8 @@ def test_main_times_auto_beside_both_pipelines(fake_kernel, fake_planner, monkey
     assert [env for v, _, env in launched] == ["2wg", "2wg", None, "2wg", "2wg", None]  # unset for auto only
     assert os.environ["MLA_PIPELINE"] == "2wg"  # restored
     assert [c.h_q for c in made] == [16, 64]  # one set of inputs per config
+    assert pers == [1, 1]  # one timing group per config, graphs alternating replay by replay
+    assert [r.get("paired") for r in rows] == [None, None, {"2wg": 1.0, "3wg": 0.83333}] * 2
     # the run file verifies (every auto row within 2% of the faster variant: the fake times are equal)
     assert auto.print_verify(auto.verify(json.loads(out.read_text())), out.name) == 0
 
@@ -615,8 +625,10 @@ def test_regenerate_shows_auto_rows(fixture_results, tmp_path):
     def at(pipeline, us, resolved, **change):
         return dict(row, pipeline=pipeline, us=us, resolved=resolved, kv_capacity=4096, **change)
 
-    run.update(rows=[at("2wg", 200.0, "2wg"), at("3wg", 190.0, "3wg"), at("auto", 191.0, "3wg"),
-                     at("2wg", 20.0, "2wg", b=8), at("3wg", 22.0, "3wg", b=8), at("auto", 21.0, "2wg", b=8),
+    run.update(rows=[at("2wg", 200.0, "2wg"), at("3wg", 190.0, "3wg"),
+                     at("auto", 191.0, "3wg", paired={"2wg": 0.955, "3wg": 1.025}),
+                     at("2wg", 20.0, "2wg", b=8), at("3wg", 22.0, "3wg", b=8),
+                     at("auto", 21.0, "2wg", b=8, paired={"2wg": 1.004, "3wg": 0.95}),
                      at("2wg", 30.0, "2wg", b=32), at("auto", 30.0, "2wg", b=32)],  # one variant: not compared
                date="2026-11-25T00:00:00Z", git={"commit": "5555555", "short": "5555555"})
     (fixture_results / "perf_h200_zz_auto.json").write_text(json.dumps(run))
@@ -625,9 +637,13 @@ def test_regenerate_shows_auto_rows(fixture_results, tmp_path):
     regenerate.regenerate(fixture_results, out_dir=out, log=lambda _: None, plots=False)
     readme = (out / "README.md").read_text()
     assert "| 128 | 1 | 128 | 4096 | auto (3wg) | 191.0 |" in readme and "| 128 | 1 | 128 | 4096 | 3wg | 190.0 |" in readme
-    assert ("2 configs, 1 within 2% of the faster variant, 1 slower; worst x1.050 (page 64 b8 s_q1 h_q128 4096)"
-            in readme)
-    assert "| 64 | 8 | 1 | 128 | 4096 | 2wg | 21.0 | 2wg | 20.0 | 1.050 | 5555555 |" in readme
+    # by medians b8 is slower (x1.050); by paired ratios (each against its config's faster variant) b128
+    # is (x1.025 against 3wg) and b8 is not (x1.004): both rows are listed, with both ratios.
+    assert ("2 configs; by medians 1 within 2% of the faster variant, 1 slower, worst x1.050 (page 64 b8 s_q1 "
+            "h_q128 4096). By paired ratio" in readme)
+    assert "same round; 2 configs): 1 within 2%, 1 slower, worst x1.025 (page 64 b128 s_q1 h_q128 4096)." in readme
+    assert "| 64 | 8 | 1 | 128 | 4096 | 2wg | 21.0 | 2wg | 20.0 | 1.050 | 1.004 | 5555555 |" in readme
+    assert "| 64 | 128 | 1 | 128 | 4096 | 3wg | 191.0 | 3wg | 190.0 | 1.005 | 1.025 | 5555555 |" in readme
     assert "| auto | 64 | 3 |" in readme  # the summary has an auto line
     views = regenerate.device_views(regenerate.load_runs(fixture_results))
     assert "auto" not in {r["pipeline"] for r in regenerate.plottable(views["NVIDIA H200"].latest)}
@@ -676,6 +692,37 @@ def test_interleaved_rounds_rotate_the_order(monkeypatch):
     rounds = [order[i:i + 2] for i in range(0, len(order), 2)]  # 6 rounds x 3 graphs x 2 replays
     firsts = [order[i] for i in range(0, len(order), 6)]
     assert firsts == ["a", "b", "c", "a", "b", "c"] and len(rounds) == 18
+
+
+def test_interleaved_per_one_alternates_replay_by_replay(monkeypatch):
+    """per=1: every round replays each graph once (the order rotated), so sample i of every graph
+    comes from round i; several rounds share one backlog and one synchronize."""
+    order, syncs, backlogs = [], [], []
+
+    class Graph:
+        def __init__(self, name):
+            self.name = name
+
+        def replay(self):
+            order.append(self.name)
+
+    class Event:
+        def __init__(self, enable_timing):
+            pass
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 0.001
+
+    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event, synchronize=lambda: syncs.append(1)))
+    monkeypatch.setitem(sys.modules, "torch", fake_torch)
+    monkeypatch.setattr(bench, "_backlog", lambda torch, n: backlogs.append(n))
+    samples = bench.time_graphs_interleaved({n: Graph(n) for n in "abc"}, replays=25, per=1)
+    assert {n: len(v) for n, v in samples.items()} == {"a": 25, "b": 25, "c": 25}
+    assert order[:9] == list("abcbcacab") and len(order) == 75
+    assert len(syncs) == 3 and backlogs == [30, 30, 15]
 
 
 def test_load_runs_reads_compressed_runs_under_their_plain_name(fixture_results):

@@ -175,7 +175,9 @@ def test_merge_kernel_units_cover_every_split_row_once(seed):
     num_parts = rng.choice([1, 2, 7, 33, 66, 132])
     meta, splits = planner.plan(lengths, num_parts)
     max_loads = rng.choice([merge_kernel.LOADS_WIDE, merge_kernel.LOADS_NARROW])  # 16-bit, fp32 partials
-    work = merge_kernel.unit_assignment(meta, splits, rows, max_loads)
+    # The block table's capacity only sizes the grid and picks L: any value must cover the work.
+    max_tiles = rng.choice([None, 1, 16, rng.randrange(1, 2000)])
+    work = merge_kernel.unit_assignment(meta, splits, rows, max_loads, max_tiles)
     seen = {}
     n_of = {r: int(splits[r + 1] - splits[r]) for r in range(b)}
     for items in work.values():
@@ -187,3 +189,23 @@ def test_merge_kernel_units_cover_every_split_row_once(seed):
     want = {(r, row, c, i) for r in range(b) if n_of[r] > 1
             for row in range(rows) for c in range(0, 512, 128) for i in range(n_of[r])}
     assert set(seen) == want
+
+
+def test_merge_estimate_follows_the_planner_on_uniform_batches():
+    """``estimated_chunks`` with the block table's capacity (what the merge sizes for and picks its
+    loads per round from) lands on the same side of the 8-chunk threshold as the planner's real chunk
+    count for batches of requests that fill the table; the estimate without the capacity did not at
+    b8 with 1024 keys (16 estimated, 8 planned)."""
+    from split_k import merge_kernel, planner
+    for b in (1, 2, 3, 5, 8, 16, 32, 64, 128):
+        for seqlen in (64, 512, 1024, 2048, 3000, 4096, 8192, 16384, 32768):
+            for num_parts in (16, 33, 66, 132):
+                _, splits = planner.plan([seqlen] * b, num_parts)
+                planned = max(int(splits[r + 1] - splits[r]) for r in range(b))
+                est = merge_kernel.estimated_chunks(b, num_parts, merge_kernel.capacity_tiles(-(-seqlen // 64), 64))
+                assert (est > merge_kernel.LOADS_NARROW) == (planned > merge_kernel.LOADS_NARROW), (b, seqlen, num_parts)
+                assert abs(est - max(planned, 2)) <= 2, (b, seqlen, num_parts, est, planned)
+    assert merge_kernel.estimated_chunks(8, 132) == 16
+    assert merge_kernel.estimated_chunks(8, 132, merge_kernel.capacity_tiles(16, 64)) == 8
+    assert merge_kernel.kernel_loads(8, 132, max_tiles=16) == merge_kernel.LOADS_NARROW
+    assert merge_kernel.kernel_loads(1, 132, max_tiles=16) == merge_kernel.LOADS_WIDE
