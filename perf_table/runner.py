@@ -35,22 +35,26 @@ MIN_REPLAYS = 100
 # taken for a hung kernel: the run writes what it has and exits rather than wait for an outer kill.
 CONFIG_TIMEOUT_S = 120
 WARMUP_REPLAYS = 3
-# One replay of each graph of a config per round (bench.time_graphs_interleaved's per=1): the finest
-# interleaving, and sample i of every graph comes from round i, which the auto rows' paired ratios use.
-REPLAYS_PER_ROUND = 1
+# Replays of each graph of a config per round: None = bench.time_graphs_interleaved's default (two
+# rounds per graph). Not 1: alternating the graphs replay by replay made each replay follow another
+# graph's, and which graph a replay follows moved its time by up to 4% (the rotation gives each graph
+# different predecessors; docs/perf-notes.md, tenth session). In runs of several replays per round a
+# replay mostly follows its own graph's.
+REPLAYS_PER_ROUND = None
 SEED = 0
 
 TIMING = {
     "method": "CUDA graph of one mla.MLADecoder.run call (plan() once, outside the graph; out "
               "preallocated), replayed back to back behind a spin kernel; CUDA events around each "
               "replay; median reported. All rows of one config (its pipelines, auto, its multicast-off "
-              "pipelines) are captured together and replayed alternately, one replay of each per round, "
-              "the order rotated each round, so drift during the measurement falls on all of them alike; "
-              "an auto row's 'paired' holds, per variant of its config, the median over rounds of auto's "
-              "replay time / that variant's replay time in the same round",
+              "pipelines) are captured together and replayed in interleaved rounds (2 rounds per row, "
+              "ceil(replays / rounds) replays of each per round), the order rotated each round, so drift "
+              "during the measurement falls on all of them alike; an auto row's 'paired' holds, per "
+              "variant of its config, the median over i of auto's i-th replay time / that variant's i-th "
+              "(taken in the same round)",
     "eager_calls_before_capture": 2,
     "warmup_replays": WARMUP_REPLAYS,
-    "replays_per_round": REPLAYS_PER_ROUND,
+    "replays_per_round": REPLAYS_PER_ROUND or "ceil(replays / (2 * rows of the config))",
     "l2_flushed": False,
 }
 EAGER_TIMING = {
