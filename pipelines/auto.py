@@ -13,16 +13,24 @@ requests' real lengths. ``python -m perf_table run`` sizes every block table to 
 longest request (``perf_table.grid.Config.kv_capacity``): uniform configs have capacity =
 seqlen, varlen ones the longest drawn length rounded up to the page.
 
-Derivation (``derive``), from ONE run file of ``python -m perf_table run`` (pipelines measured in the
-same run, on the same machine, back to back, are comparable; rows of different runs are not):
+Derivation (``derive``), from one or more run files of ``python -m perf_table run`` (pipelines
+measured in the same run, on the same machine, back to back, are comparable; so the runs are
+combined by their ratios, never row against row of another run):
 1. Rows that the library runs by default: no error, ``multicast`` None or True (the ``mc-off`` rows
    are the A/B of a switch, not the default path), and not the run's own ``auto`` rows.
-2. Configs measured by at least two pipelines are grouped by key; each pipeline's time on a key is
-   the geometric mean of its times on the group's configs (with the full grid every config has a
-   key of its own, so this is the config's time).
-3. The key's entry is the pipeline with the lower geomean; within ``TIE`` of ``DEFAULT`` the entry is
-   ``DEFAULT`` (no switching on noise).
-A run that measured one pipeline only gives an empty table: every shape gets ``DEFAULT``.
+2. In each run, configs measured by at least two pipelines are grouped by key; each pipeline's time
+   on a key is the geometric mean of its times on the group's configs (with the full grid every
+   config has a key of its own, so this is the config's time).
+3. Over the runs that measured a key with the same pipelines, each pipeline's time is the geometric
+   mean of its per-run times: the ratio of two pipelines' combined times is the geometric mean of
+   their per-run ratios, so a faster or slower machine moves both alike.
+4. The key's entry is the pipeline with the lower combined time; within ``TIE`` of ``DEFAULT`` the
+   entry is ``DEFAULT`` (no switching on noise).
+Why several runs: where the two pipelines are within a few percent, their ratio moves by 2-4% from
+run to run (machines of one kind differ; docs/perf-notes.md, tenth session), so a table from one run
+picked, on such rows, whichever pipeline that run happened to favour (page 16 b1 h128 1024 keys: 3wg
+at x0.937 in the 6ee086f run, x1.02-1.045 in the four runs after it). A run that measured one
+pipeline only adds nothing: with no run of two pipelines every shape gets ``DEFAULT``.
 
 Lookup (``choose``): the entry of the nearest measured key. Nearest: same loader (TMA pages or
 cp.async gather pages, ``pipelines.paged_kv``) only, then lexicographically the smallest |log2|
@@ -38,14 +46,14 @@ candidate, else the first candidate.
 ``choices`` lists every variant ``choose`` can return for a shape when the batch size and/or the
 capacity are left open (what ``MLADecoder.plan`` and ``mla.precompile --pipeline auto`` load).
 
-Regenerate the committed table (``pipelines/auto_table.py``) after a full-grid run that holds both
-pipelines, and read the report it prints (every row where the choice is more than ``SLOWER`` slower
-than the run's fastest pipeline for that config)::
+Regenerate the committed table (``pipelines/auto_table.py``) from the full-grid runs that hold both
+pipelines at the current kernels, and read the report it prints (per run, every row where the
+choice is more than ``SLOWER`` slower than that run's fastest pipeline for that config)::
 
-    python -m pipelines.auto perf_table/results/<device>_<date>_<commit>.json
+    python -m pipelines.auto perf_table/results/<device>_<date>_<commit>.json [more runs ...]
 
-``python -m pipelines.auto --check`` re-derives the table from the run it names and fails if the
-committed file differs (the CPU tests do the same). ``python -m pipelines.auto --verify RUN_FILE``
+``python -m pipelines.auto --check`` re-derives the table from the runs it names (``SOURCES``) and
+fails if the committed file differs (the CPU tests do the same). ``python -m pipelines.auto --verify RUN_FILE``
 reads a run that also measured ``auto`` rows (``python -m perf_table run`` with both pipelines) and
 prints, per config, auto's time against the faster variant's; exit 1 if any is more than ``SLOWER``
 slower. The comparison is the auto row's paired ratio against the faster variant (the median over
@@ -129,27 +137,40 @@ def _geomean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def derive(run: dict) -> list[dict]:
-    """The table's entries from one run: ``{"key": [page, s_q, h_q, h_kv, b, kv_capacity], "pipeline":
-    name, "geomean_us": {pipeline: us}, "configs": n}``, sorted by key (steps 2 and 3 of the module
-    docstring)."""
+def _run_key_times(run: dict) -> dict[tuple, tuple[dict[str, float], int]]:
+    """Step 2 for one run: ``{key: ({pipeline: geomean us over the key's configs}, configs)}`` for the
+    keys that two or more pipelines measured on every one of their configs."""
     groups: dict[tuple, list[dict[str, float]]] = {}
     rows_by_config = {_config(r): r for r in run["rows"]}
     for config, by_pipeline in default_path_times(run).items():
         if len(by_pipeline) >= 2:
             groups.setdefault(_row_key(rows_by_config[config]), []).append(by_pipeline)
-    entries = []
-    for key in sorted(groups):
-        configs = groups[key]
+    out = {}
+    for key, configs in groups.items():
         common = sorted(set.intersection(*(set(c) for c in configs)))
+        if len(common) >= 2:
+            out[key] = ({p: _geomean([c[p] for c in configs]) for p in common}, len(configs))
+    return out
+
+
+def derive(runs: dict | Sequence[dict]) -> list[dict]:
+    """The table's entries from one run or several: ``{"key": [page, s_q, h_q, h_kv, b, kv_capacity],
+    "pipeline": name, "geomean_us": {pipeline: us}, "configs": n, "runs": r}``, sorted by key (steps 2
+    to 4 of the module docstring; ``geomean_us`` is the combined time over the ``r`` runs, ``configs``
+    the configs summed over them)."""
+    per_run = [_run_key_times(run) for run in ([runs] if isinstance(runs, dict) else runs)]
+    entries = []
+    for key in sorted(set().union(*per_run)):
+        measured = [times[key] for times in per_run if key in times]
+        common = sorted(set.intersection(*(set(geo) for geo, _ in measured)))
         if len(common) < 2:
             continue
-        geo = {p: _geomean([c[p] for c in configs]) for p in common}
+        geo = {p: _geomean([g[p] for g, _ in measured]) for p in common}
         best = min(common, key=lambda p: (geo[p], p))
         if DEFAULT in geo and geo[best] > geo[DEFAULT] * (1 - TIE):
             best = DEFAULT
-        entries.append({"key": list(key), "pipeline": best,
-                        "geomean_us": {p: round(geo[p], 3) for p in common}, "configs": len(configs)})
+        entries.append({"key": list(key), "pipeline": best, "geomean_us": {p: round(geo[p], 3) for p in common},
+                        "configs": sum(n for _, n in measured), "runs": len(measured)})
     return entries
 
 
@@ -361,19 +382,24 @@ def print_verify(lines: list[dict], source: str) -> int:
     return 1 if slow else 0
 
 
-def render(source: str, entries: Sequence[dict]) -> str:
+def render(sources: str | Sequence[str], entries: Sequence[dict]) -> str:
     """The text of ``pipelines/auto_table.py`` (deterministic)."""
+    sources = [sources] if isinstance(sources, str) else list(sources)
     lines = [
-        '"""The table of ``pipeline="auto"``, generated by ``python -m pipelines.auto SOURCE``: do not edit.',
+        '"""The table of ``pipeline="auto"``, generated by ``python -m pipelines.auto SOURCES...``: do not edit.',
         "",
-        "``pipelines/auto.py`` says how the entries are derived from the run file SOURCE and looked up.",
+        "``pipelines/auto.py`` says how the entries are derived from the run files SOURCES and looked up.",
         '"""',
         "",
-        f"SOURCE = {source!r}",
+        "SOURCES = [",
+    ]
+    lines += [f"    {src!r}," for src in sources]
+    lines += [
+        "]",
         "",
         "# key: [page_size, s_q, h_q, h_kv, batch, kv_capacity (block_table.shape[1] * page_size)];",
         "# pipeline: the faster one there; geomean_us: each pipeline's geometric-mean time over the key's",
-        "# configs in SOURCE.",
+        "# configs, combined over the runs of SOURCES that measured the key (runs: how many).",
         "ENTRIES = [",
     ]
     lines += [f"    {json.dumps(e, sort_keys=True)}," for e in entries]
@@ -388,20 +414,30 @@ def load_entries() -> list[dict]:
     return auto_table.ENTRIES
 
 
+def _load_json(path: pathlib.Path) -> dict:
+    """A run file, plain or gzip-compressed (``.json.gz``, as ``perf_table/results`` stores large runs)."""
+    if path.suffix == ".gz":
+        import gzip
+
+        return json.loads(gzip.decompress(path.read_bytes()))
+    return json.loads(path.read_text())
+
+
 def _read_run(path: str) -> tuple[str, dict]:
     resolved = pathlib.Path(path).resolve()
     try:
         source = resolved.relative_to(REPO_DIR).as_posix()
     except ValueError:
         source = str(resolved)
-    return source, json.loads(resolved.read_text())
+    return source, _load_json(resolved)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines.auto", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", nargs="?", help="a run file of python -m perf_table run (path from the repo root)")
+    parser.add_argument("runs", nargs="*", metavar="run",
+                        help="run files of python -m perf_table run (paths from the repo root), combined by ratios")
     parser.add_argument("--check", action="store_true",
-                        help="re-derive from the committed table's SOURCE; exit 1 if the file differs")
+                        help="re-derive from the committed table's SOURCES; exit 1 if the file differs")
     parser.add_argument("--verify", metavar="RUN_FILE",
                         help="a run holding auto rows: auto's time vs the faster variant's per config; exit 1 if "
                              f"any is more than {SLOWER:.0%} slower")
@@ -412,32 +448,35 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         from pipelines import auto_table
 
-        source = auto_table.SOURCE
-        run = json.loads((REPO_DIR / source).read_text())
-    elif args.run:
-        source, run = _read_run(args.run)
+        sources = list(auto_table.SOURCES)
+        runs = [_load_json(REPO_DIR / source) for source in sources]
+    elif args.runs:
+        sources, runs = map(list, zip(*(_read_run(path) for path in args.runs)))
     else:
-        parser.error("give a run file, --check or --verify RUN_FILE")
-    entries = derive(run)
-    text = render(source, entries)
+        parser.error("give run files, --check or --verify RUN_FILE")
+    entries = derive(runs)
+    text = render(sources, entries)
     if args.check:
         same = TABLE_FILE.read_text() == text
-        print(f"{TABLE_FILE.name}: {'up to date' if same else 'differs from a fresh derivation'} ({source})")
+        print(f"{TABLE_FILE.name}: {'up to date' if same else 'differs from a fresh derivation'} "
+              f"({', '.join(sources)})")
         return 0 if same else 1
     TABLE_FILE.write_text(text)
-    pipelines_measured = sorted({r["pipeline"] for r in run["rows"]} - {AUTO})
+    pipelines_measured = sorted({r["pipeline"] for run in runs for r in run["rows"]} - {AUTO})
     by_winner = {p: sum(e["pipeline"] == p for e in entries) for p in sorted({e["pipeline"] for e in entries})}
-    print(f"wrote {TABLE_FILE.relative_to(REPO_DIR)}: {len(entries)} keys from {source} "
-          f"(pipelines in the run: {', '.join(pipelines_measured)}; entries: "
+    print(f"wrote {TABLE_FILE.relative_to(REPO_DIR)}: {len(entries)} keys from {len(sources)} run(s) "
+          f"(pipelines in the runs: {', '.join(pipelines_measured)}; entries: "
           + ", ".join(f"{p} {n}" for p, n in by_winner.items()) + ")")
     for e in entries:
         if e["pipeline"] != DEFAULT:
             print("  " + " ".join(f"{name} {value}" for name, value in zip(KEY_FIELDS, e["key"]))
                   + f": {e['pipeline']}  " + "  ".join(f"{p} {us:.1f} us" for p, us in sorted(e["geomean_us"].items())))
-    slow = slower_rows(run, entries)
-    print(f"rows where auto's choice is more than {SLOWER:.0%} slower than the fastest pipeline: {len(slow)}")
-    for config, chosen, us, fastest, best_us in slow:
-        print(f"  {config}: {chosen} {us:.1f} us, {fastest} {best_us:.1f} us (x{us / best_us:.3f})")
+    for source, run in zip(sources, runs):
+        slow = slower_rows(run, entries)
+        print(f"{source}: rows where the table's choice is more than {SLOWER:.0%} slower than the run's fastest "
+              f"pipeline: {len(slow)}")
+        for config, chosen, us, fastest, best_us in slow:
+            print(f"  {config}: {chosen} {us:.1f} us, {fastest} {best_us:.1f} us (x{us / best_us:.3f})")
     return 0
 
 

@@ -187,24 +187,45 @@ def test_report_flags_rows_more_than_2_percent_slower():
     assert slow[1:] == ("3wg", 11.0, "2wg", 10.0)
 
 
-def test_committed_table_is_derived_from_its_source_run(capsys):
+def test_committed_table_is_derived_from_its_source_runs(capsys):
     assert auto.main(["--check"]) == 0, capsys.readouterr().out
     from pipelines import auto_table
 
-    assert auto_table.SOURCE.startswith("perf_table/results/")
+    assert auto_table.SOURCES and all(s.startswith("perf_table/results/") for s in auto_table.SOURCES)
 
 
-def test_committed_table_has_no_slower_row_on_its_source_run():
+def test_committed_table_picks_the_faster_pipeline_over_its_sources():
+    """Every entry is the pipeline with the lowest combined time of its key, or DEFAULT within TIE."""
     from pipelines import auto_table
 
-    run = json.loads((auto.REPO_DIR / auto_table.SOURCE).read_text())
-    assert auto.slower_rows(run, auto_table.ENTRIES) == []
+    for e in auto_table.ENTRIES:
+        geo = e["geomean_us"]
+        best = min(geo.values())
+        assert geo[e["pipeline"]] <= best / (1 - auto.TIE), e
+        if e["pipeline"] != auto.DEFAULT:
+            assert geo[e["pipeline"]] == best and best < geo[auto.DEFAULT] * (1 - auto.TIE), e
+
+
+def test_several_runs_combine_by_their_ratios():
+    """Two runs of different speed: the entry follows the geomean of the per-run ratios, and a key
+    only one run measured comes from that run alone."""
+    fast = run_of(row("2wg", 100.0), row("3wg", 97.0), row("2wg", 10.0, b=8), row("3wg", 9.0, b=8))
+    slow = run_of(row("2wg", 200.0), row("3wg", 202.0))  # 3wg x1.01 here, x0.97 in the fast run
+    by_b = {e["key"][4]: e for e in auto.derive([fast, slow])}
+    assert by_b[128]["pipeline"] == "3wg" and by_b[128]["runs"] == 2 and by_b[128]["configs"] == 2
+    assert by_b[128]["geomean_us"] == {"2wg": pytest.approx((100 * 200) ** 0.5, abs=1e-3),
+                                       "3wg": pytest.approx((97 * 202) ** 0.5, abs=1e-3)}
+    assert by_b[8]["pipeline"] == "3wg" and by_b[8]["runs"] == 1
+    slower = run_of(row("2wg", 200.0), row("3wg", 210.0))  # 3wg x1.05: combined x1.009, within TIE
+    assert [e["pipeline"] for e in auto.derive([fast, slower]) if e["key"][4] == 128] == ["2wg"]
+    assert auto.derive(fast) == [dict(e, runs=1) for e in auto.derive([fast])]
 
 
 def test_render_round_trips():
     namespace = {}
-    exec(auto.render("perf_table/results/x.json", ENTRIES), namespace)
-    assert namespace["ENTRIES"] == ENTRIES and namespace["SOURCE"] == "perf_table/results/x.json"
+    exec(auto.render(["perf_table/results/x.json", "perf_table/results/y.json.gz"], ENTRIES), namespace)
+    assert namespace["ENTRIES"] == ENTRIES
+    assert namespace["SOURCES"] == ["perf_table/results/x.json", "perf_table/results/y.json.gz"]
 
 
 # ------------------------------------------------------------------------------------ --verify
