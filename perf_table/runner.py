@@ -35,12 +35,6 @@ MIN_REPLAYS = 100
 # taken for a hung kernel: the run writes what it has and exits rather than wait for an outer kill.
 CONFIG_TIMEOUT_S = 120
 WARMUP_REPLAYS = 3
-# Replays of each graph of a config per round: None = bench.time_graphs_interleaved's default (two
-# rounds per graph). Not 1: alternating the graphs replay by replay made each replay follow another
-# graph's, and which graph a replay follows moved its time by up to 4% (the rotation gives each graph
-# different predecessors; docs/perf-notes.md, tenth session). In runs of several replays per round a
-# replay mostly follows its own graph's.
-REPLAYS_PER_ROUND = None
 SEED = 0
 
 TIMING = {
@@ -54,7 +48,7 @@ TIMING = {
               "(taken in the same round)",
     "eager_calls_before_capture": 2,
     "warmup_replays": WARMUP_REPLAYS,
-    "replays_per_round": REPLAYS_PER_ROUND or "ceil(replays / (2 * rows of the config))",
+    "replays_per_round": "ceil(replays / (2 * rows of the config))",
     "l2_flushed": False,
 }
 EAGER_TIMING = {
@@ -476,7 +470,10 @@ def main(quick: bool = False, pipeline: str | list[str] | None = None, out: str 
             except Exception as exc:  # noqa: BLE001 - that row records it
                 measured[v, c] = exc
         if graphs:
-            timed = bench.time_graphs_interleaved(graphs, replays, per=REPLAYS_PER_ROUND)
+            # The default rounds (about 10 replays of each graph per round), not per=1: alternating
+            # the graphs replay by replay made each replay follow another graph's, and which graph a
+            # replay follows moved its time by up to 4% (docs/perf-notes.md, tenth session).
+            timed = bench.time_graphs_interleaved(graphs, replays)
             for vc, samples in timed.items():
                 paired = None
                 if vc[0] == AUTO:

@@ -242,9 +242,14 @@ class DecodeEntry:
         # Second stage: requests with one chunk were written by the main kernel; the merge skips them.
         # Chained by programmatic dependent launch: the main kernel lets it be scheduled as soon as
         # every main CTA runs, so its launch overlaps the main kernel instead of following it.
-        # The block table's capacity in tiles sizes the merge for requests that fill it (n_est).
-        max_tiles = (block_table.shape[1] * self.page_size + self.block_n - 1) // self.block_n
-        self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, max_tiles, stream, use_pdl=True)
+        self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, self.merge_tiles(block_table),
+                   stream, use_pdl=True)
+
+    @cute.jit
+    def merge_tiles(self, block_table: cute.Tensor):
+        """The block table's capacity in 64-token tiles (``split_k.merge_kernel.capacity_tiles``): the
+        merge sizes itself for requests that fill it (its ``n_est``)."""
+        return (block_table.shape[1] * self.page_size + self.block_n - 1) // self.block_n
 
     @cute.jit
     def workspace_views(self, q: cute.Tensor, tile_scheduler_metadata: cute.Tensor, workspace: cute.Tensor):

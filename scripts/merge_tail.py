@@ -98,7 +98,7 @@ class ModeEntry(DecodeEntry):
         o_accum, lse_accum = self.workspace_views(q, tile_scheduler_metadata, workspace)
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                     o_accum, lse_accum, softmax_scale, stream)
-        max_tiles = (block_table.shape[1] * self.page_size + self.block_n - 1) // self.block_n
+        max_tiles = self.merge_tiles(block_table)
         if cutlass.const_expr(self.mode in ("merge-l8", "merge-y2")):
             self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, max_tiles, stream,
                        use_pdl=True)

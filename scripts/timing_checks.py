@@ -101,12 +101,6 @@ def parts(cfg, variant: str, replays: int) -> dict:
     return dict(config=cfg.label(), default_parts=base, medians=med)
 
 
-def paired_ratio(a: list[float], b: list[float]) -> float:
-    """Median over i of a[i] / b[i]: samples taken in the same round (``time_graphs_interleaved``
-    returns them in round order)."""
-    return statistics.median(x / y for x, y in zip(a, b))
-
-
 def auto_check(cfg, per_values, passes: int, replays: int) -> list[dict]:
     import dataclasses
 
@@ -136,9 +130,9 @@ def auto_check(cfg, per_values, passes: int, replays: int) -> list[dict]:
             row = dict(config=cfg.label(), per=per, rep=rep, auto_ran=resolved, fastest=fastest,
                        medians={n: round(m, 2) for n, m in med.items()},
                        auto_over_fastest=round(med["auto"] / med[fastest], 4),
-                       auto_over_fastest_paired=round(paired_ratio(samples["auto"], samples[fastest]), 4),
+                       auto_over_fastest_paired=round(runner.paired_ratio(samples["auto"], samples[fastest]), 4),
                        auto_over_same_kernel=round(med["auto"] / med[resolved], 4),
-                       auto_over_same_kernel_paired=round(paired_ratio(samples["auto"], samples[resolved]), 4))
+                       auto_over_same_kernel_paired=round(runner.paired_ratio(samples["auto"], samples[resolved]), 4))
             rows.append(row)
             print(f"  {cfg.label():<24} per {per or 'default'} pass {rep}: "
                   + " ".join(f"{n} {m:.2f}" for n, m in med.items())

@@ -662,41 +662,9 @@ def test_duplicate_anchor_is_an_error(tmp_path):
         anchors_mod.load_anchors(tmp_path)
 
 
-def test_interleaved_rounds_rotate_the_order(monkeypatch):
-    """time_graphs_interleaved: every graph gets about `replays` samples, in rounds whose order is
-    rotated, so each graph is timed first, in the middle and last equally often."""
-    order = []
-
-    class Graph:
-        def __init__(self, name):
-            self.name = name
-
-        def replay(self):
-            order.append(self.name)
-
-    class Event:
-        def __init__(self, enable_timing):
-            pass
-
-        def record(self):
-            pass
-
-        def elapsed_time(self, other):
-            return 0.001
-
-    fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event, synchronize=lambda: None))
-    monkeypatch.setitem(sys.modules, "torch", fake_torch)
-    monkeypatch.setattr(bench, "_backlog", lambda torch, n: None)
-    samples = bench.time_graphs_interleaved({n: Graph(n) for n in "abc"}, replays=12)
-    assert {n: len(v) for n, v in samples.items()} == {"a": 12, "b": 12, "c": 12} and samples["a"][0] == 1.0
-    rounds = [order[i:i + 2] for i in range(0, len(order), 2)]  # 6 rounds x 3 graphs x 2 replays
-    firsts = [order[i] for i in range(0, len(order), 6)]
-    assert firsts == ["a", "b", "c", "a", "b", "c"] and len(rounds) == 18
-
-
-def test_interleaved_per_one_alternates_replay_by_replay(monkeypatch):
-    """per=1: every round replays each graph once (the order rotated), so sample i of every graph
-    comes from round i; several rounds share one backlog and one synchronize."""
+def _fake_interleaving(monkeypatch):
+    """Graphs ``a``, ``b``, ``c`` that log their replays, and a fake ``torch.cuda`` (every event pair
+    1 us apart) that logs synchronizes and backlogs: ``(graphs, order, syncs, backlogs)``."""
     order, syncs, backlogs = [], [], []
 
     class Graph:
@@ -719,7 +687,25 @@ def test_interleaved_per_one_alternates_replay_by_replay(monkeypatch):
     fake_torch = types.SimpleNamespace(cuda=types.SimpleNamespace(Event=Event, synchronize=lambda: syncs.append(1)))
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
     monkeypatch.setattr(bench, "_backlog", lambda torch, n: backlogs.append(n))
-    samples = bench.time_graphs_interleaved({n: Graph(n) for n in "abc"}, replays=25, per=1)
+    return {n: Graph(n) for n in "abc"}, order, syncs, backlogs
+
+
+def test_interleaved_rounds_rotate_the_order(monkeypatch):
+    """time_graphs_interleaved: every graph gets about `replays` samples, in rounds whose order is
+    rotated, so each graph is timed first, in the middle and last equally often."""
+    graphs, order, _, _ = _fake_interleaving(monkeypatch)
+    samples = bench.time_graphs_interleaved(graphs, replays=12)
+    assert {n: len(v) for n, v in samples.items()} == {"a": 12, "b": 12, "c": 12} and samples["a"][0] == 1.0
+    rounds = [order[i:i + 2] for i in range(0, len(order), 2)]  # 6 rounds x 3 graphs x 2 replays
+    firsts = [order[i] for i in range(0, len(order), 6)]
+    assert firsts == ["a", "b", "c", "a", "b", "c"] and len(rounds) == 18
+
+
+def test_interleaved_per_one_alternates_replay_by_replay(monkeypatch):
+    """per=1: every round replays each graph once (the order rotated), so sample i of every graph
+    comes from round i; several rounds share one backlog and one synchronize."""
+    graphs, order, syncs, backlogs = _fake_interleaving(monkeypatch)
+    samples = bench.time_graphs_interleaved(graphs, replays=25, per=1)
     assert {n: len(v) for n, v in samples.items()} == {"a": 25, "b": 25, "c": 25}
     assert order[:9] == list("abcbcacab") and len(order) == 75
     assert len(syncs) == 3 and backlogs == [30, 30, 15]
