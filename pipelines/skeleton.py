@@ -54,6 +54,13 @@ class MLADecodeBase:
     # 16-byte stores of O into 16-bit destinations (store_rows_16). A class constant like lazy_rescale
     # (False: one store per fragment pair, the form before; kept for the A/B).
     vector_stores = True
+    # Multicast clusters: each thread arrives on the exit's cluster barrier right after its last
+    # operation on the peer CTA (its last K release), before the epilogue, and only waits at exit
+    # (``arrives_early``). Why: barrier.cluster.arrive has release semantics, so at the kernel's end it
+    # waited for the thread's output stores to complete (ncu: "membar" stalls only with the cluster;
+    # measured in docs/perf-notes.md). A variant opts in by setting it and arriving in its roles. A
+    # class constant like lazy_rescale (the A/B sets it False).
+    early_cluster_arrive = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -173,6 +180,11 @@ class MLADecodeBase:
     def any_cluster(self) -> bool:
         return self.cluster > 1 or self.split_cluster > 1
 
+    def arrives_early(self) -> bool:
+        """Whether the roles arrive on the exit's cluster barrier themselves (``early_cluster_arrive``):
+        only in a multicast cluster (a split cluster exchanges partials in its epilogue)."""
+        return self.early_cluster_arrive and self.cluster > 1 and self.split_cluster == 1
+
     def _row_mode(self):
         """Shape of the row mode of an output-side view (out, o_accum, lse_accum).
 
@@ -235,9 +247,12 @@ class MLADecodeBase:
                              mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2)
         if const_expr(self.any_cluster()):
             # No CTA leaves while a peer may still arrive on its empty barriers (the peers' last
-            # releases) : every thread of both CTAs is past its last pipeline operation here.
-            # (Multicast boxes into this CTA all landed: its consumers waited for every tile.)
-            cute.arch.cluster_arrive()
+            # releases): every thread of both CTAs is past its last pipeline operation when it
+            # arrives (here, or with ``arrives_early`` where its roles said so; the arrive's release
+            # semantics order that operation before it). (Multicast boxes into this CTA all landed:
+            # its consumers waited for every tile.)
+            if const_expr(not self.arrives_early()):
+                cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
 
     def make_pipelines(self, storage):

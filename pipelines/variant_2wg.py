@@ -40,6 +40,7 @@ class MLADecode2WG(MLADecodeBase):
     # Issue the next chunk's Q and first K tiles before this chunk's epilogue (``wg1_load_pv``). A class
     # constant (the kernel cache keys on the sources); an A/B sets it False with the disk cache off.
     prefetch_next_chunk = True
+    early_cluster_arrive = True  # skeleton: both warpgroups arrive after their last K release
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -126,6 +127,9 @@ class MLADecode2WG(MLADecodeBase):
                 warpgroup.wait_group(0)
                 self.loader.consumer_release(pipe_k, k_state)
                 k_state.advance()
+            if const_expr(self.arrives_early()):
+                if r == end_req:  # this warpgroup's last release (to the peer too) is behind it
+                    cute.arch.cluster_arrive()
             pipe_q.consumer_release(q_state)
             q_state.advance()
 
@@ -141,6 +145,9 @@ class MLADecode2WG(MLADecodeBase):
                              is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
         # Pairs WG1's last P_EMPTY arrive so no arrival is left pending at exit.
         cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+        if const_expr(self.arrives_early()):
+            if begin_req > end_req:  # no work: the loop did not arrive
+                cute.arch.cluster_arrive()
 
     # ------------------------------------------------------------------ WG1
     @cute.jit
@@ -222,6 +229,11 @@ class MLADecode2WG(MLADecodeBase):
                                                   blk + self.kv_stages * self.split_cluster, seqlen, kv_head,
                                                   wg_tidx)
                         k_prod.advance()
+            if const_expr(self.arrives_early()):
+                # The last release and the last multicast load of this warpgroup are behind it (the
+                # last chunk prefetches nothing).
+                if r == end_req:
+                    cute.arch.cluster_arrive()
             cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
             row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
             for i in cutlass.range_constexpr(n_rows_thr):
@@ -242,6 +254,9 @@ class MLADecode2WG(MLADecodeBase):
                     prefetched = Int32(1)
             self.store_chunk(acc_o, mma_pv_ss, wg_tidx, wg_tidx + 128, row_inv, row_inv, False, HALF, m_block,
                              kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
+        if const_expr(self.arrives_early()):
+            if begin_req > end_req:  # no work: the loop did not arrive
+                cute.arch.cluster_arrive()
 
     @cute.jit
     def load_chunk_head(self, is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK,
