@@ -94,3 +94,22 @@ def test_loader_promises():
     for t in compile_check.targets(["2wg", "3wg"]):
         if t.kind == "decode":
             assert ("STG_128" in t.need) == (t.split_cluster == 1), t
+
+
+def test_exit_arrive_moves_into_the_roles_only_for_2wg_multicast_clusters():
+    """2wg arrives on the exit's cluster barrier after its last K release (skeleton
+    ``early_cluster_arrive``) exactly when it runs in a multicast cluster; a split cluster (whose
+    epilogue exchanges partials between the CTAs) and the other variants keep the arrive at the end."""
+    import cutlass
+
+    from pipelines.variant_2wg import MLADecode2WG
+    from pipelines.variant_3wg import MLADecode3WG
+
+    bf = cutlass.BFloat16
+    assert MLADecode2WG(bf, 128, 1, 64, False).arrives_early()
+    assert MLADecode2WG(bf, 64, 2, 16, True).arrives_early()
+    assert not MLADecode2WG(bf, 128, 1, 64, False, multicast=False).arrives_early()
+    assert not MLADecode2WG(bf, 64, 1, 64, False).arrives_early()  # one m-block: no cluster
+    assert not MLADecode2WG(bf, 128, 1, 1, False).arrives_early()  # cp.async pages: no cluster
+    assert not MLADecode2WG(bf, 16, 1, 64, False, split_cluster=4).arrives_early()
+    assert not MLADecode3WG(bf, 128, 1, 64, False).arrives_early()
