@@ -258,13 +258,10 @@ class TmaPagedKV(PagedKVLoader):
         return mBlockTable[r, cutlass.min(token // P, (seqlen - 1) // P)]
 
     @cute.jit
-    def load_tile(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, mBlockTable: cute.Tensor,
-                  pipe, state, r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32,
-                  page=None, cols=None):
-        """Acquire the stage, then issue this CTA's boxes of tile ``blk`` of request ``r`` (warp-per-box
-        path: this warp's box; ``page``, if given, is its ``page_id`` read earlier). ``cols`` (loader
-        built ``by_columns``): the tile's 64-column blocks to load, one TMA copy each."""
-        P = self.page_size
+    def tma_views(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor):
+        """``(tKsK, tKgK)``: the TMA partitions of the stages and of k_cache in boxes of this loader,
+        indexed ``tKsK[None, box of the tile, (column block,) stage]`` and ``tKgK[None, box of the page,
+        (column block,) kv_head, page]`` (column block only when built ``by_columns``)."""
         box = self.box_rows
         if const_expr(self.by_columns):
             # gK: (box, 64, boxes per page, column block, kv_head, page); sKb: (box, 64, boxes per
@@ -280,8 +277,18 @@ class TmaPagedKV(PagedKVLoader):
             sKb = cute.make_tensor(sK.iterator, cute.composition(sK.layout, cute.make_layout(
                 (box, self.head_dim, TILE_TOKENS // box, self.stages),
                 stride=(1, TILE_TOKENS, box, TILE_TOKENS * self.head_dim))))
-        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sKb, 0, 2),
-                                           cute.group_modes(gK, 0, 2))
+        return cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sKb, 0, 2),
+                                     cute.group_modes(gK, 0, 2))
+
+    @cute.jit
+    def load_tile(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, mBlockTable: cute.Tensor,
+                  pipe, state, r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32,
+                  page=None, cols=None):
+        """Acquire the stage, then issue this CTA's boxes of tile ``blk`` of request ``r`` (warp-per-box
+        path: this warp's box; ``page``, if given, is its ``page_id`` read earlier). ``cols`` (loader
+        built ``by_columns``): the tile's 64-column blocks to load, one TMA copy each."""
+        P = self.page_size
+        tKsK, tKgK = self.tma_views(tma_k, mK, sK)
         rank = Int32(0)
         if const_expr(self.cluster > 1):
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())

@@ -42,7 +42,6 @@ from pipelines.variant_2wg import MLADecode2WG  # noqa: E402
 import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 from cutlass import Int32  # noqa: E402
-from cutlass.cute.nvgpu import cpasync  # noqa: E402
 
 
 class LocalFills(paged_kv.TmaPagedKV):
@@ -53,12 +52,7 @@ class LocalFills(paged_kv.TmaPagedKV):
                   page=None, cols=None):
         P = self.page_size
         box = self.box_rows
-        gK = cute.local_tile(mK, (box, self.head_dim), (None, 0, None, None))
-        sKb = cute.make_tensor(sK.iterator, cute.composition(sK.layout, cute.make_layout(
-            (box, self.head_dim, paged_kv.TILE_TOKENS // box, self.stages),
-            stride=(1, paged_kv.TILE_TOKENS, box, paged_kv.TILE_TOKENS * self.head_dim))))
-        tKsK, tKgK = cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sKb, 0, 2),
-                                           cute.group_modes(gK, 0, 2))
+        tKsK, tKgK = self.tma_views(tma_k, mK, sK)
         rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         own = cutlass.Int16(Int32(1) << rank)
         last_page = (seqlen - 1) // P
@@ -96,7 +90,6 @@ class ModeEntry(DecodeEntry):
 def measure(cfg, replays: int, compiled: dict) -> dict:
     import dataclasses
 
-    import cutlass.cute as cute
     import torch
 
     import mla
@@ -113,21 +106,13 @@ def measure(cfg, replays: int, compiled: dict) -> dict:
     if on.cluster < 2:
         raise SystemExit(f"{cfg.label()}: no multicast cluster for this config")
     off = dataclasses.replace(on, cluster=1)
-    fns, outs = {}, {}
     for mode in MODES:
         key = (on, mode)
         if key not in compiled:
             entry = DecodeEntry(on) if mode == "on" else DecodeEntry(off) if mode == "off" else ModeEntry(on, mode)
             conf = off if mode == "off" else on
             compiled[key] = cute.compile(entry, *entry_args(conf), options=TVM_FFI_OPTION)
-        fn = compiled[key]
-        out = outs[mode] = torch.empty(cfg.b, cfg.s_q, cfg.h_q, 512, dtype=inp.q.dtype, device="cuda")
-        lse = torch.empty_like(dec._lse)
-        fns[mode] = (lambda fn=fn, out=out, lse=lse: fn(
-            inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, dec.tile_scheduler_metadata, dec.num_splits,
-            out, lse, dec._workspace, dec._scale))
-    graphs = {mode: bench.capture_graph(fn) for mode, fn in fns.items()}
-    torch.cuda.synchronize()
+    graphs, outs = bench.capture_entries({mode: compiled[(on, mode)] for mode in MODES}, inp, dec)
     same = {m: bool(torch.equal(outs["off"], outs[m])) for m in MODES if m != "off"}
     if not all(same.values()):
         raise SystemExit(f"{cfg.label()}: outputs differ from the multicast-off kernel's: {same}")

@@ -112,8 +112,6 @@ class ModeEntry(DecodeEntry):
 
 
 def measure(cfg, variant: str, replays: int, entry_cls, compiled: dict, modes=DEFAULT_MODES) -> dict:
-    import torch
-
     import mla
     from perf_table import bench
     from pipelines import paged_kv
@@ -126,22 +124,16 @@ def measure(cfg, variant: str, replays: int, entry_cls, compiled: dict, modes=DE
     shape = dec._planned
     config = DecodeConfig.make(variant, shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal, 1,
                                paged_kv.multicast_enabled(), partial_from_env(), dec._info.split_cluster)
-    outs, fns = {}, {}
+    fns = {}
     for mode in modes:
         if mode == "merge":
-            fn = dec._launches[variant]
+            fns[mode] = dec._launches[variant]
         else:
             key = (config, mode)
             if key not in compiled:
                 compiled[key] = cute.compile(entry_cls(config, mode), *entry_args(config), options=TVM_FFI_OPTION)
-            fn = compiled[key]
-        out = outs[mode] = torch.empty(cfg.b, cfg.s_q, cfg.h_q, 512, dtype=inp.q.dtype, device="cuda")
-        lse = torch.empty_like(dec._lse)
-        fns[mode] = (lambda fn=fn, out=out, lse=lse: fn(
-            inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, dec.tile_scheduler_metadata, dec.num_splits,
-            out, lse, dec._workspace, dec._scale))
-    graphs = {mode: bench.capture_graph(fn) for mode, fn in fns.items()}
-    torch.cuda.synchronize()
+            fns[mode] = compiled[key]
+    graphs, outs = bench.capture_entries(fns, inp, dec)
     # The merge modes must agree (same kernels, PDL or not): a cheap guard that the entries are right.
     diffs = {}
     for mode in [m for m in modes if m.startswith("merge-")]:

@@ -722,3 +722,27 @@ def test_load_runs_reads_compressed_runs_under_their_plain_name(fixture_results)
     first.unlink()
     compressed = regenerate.load_runs(fixture_results)
     assert [(r.file, r.data) for r in compressed] == [(r.file, r.data) for r in plain]
+
+
+def test_capture_entries_gives_each_entry_its_own_outputs_and_the_decoders_plan(monkeypatch):
+    """capture_entries (the A/B scripts' helper): one graph per entry, each entry launched with the
+    inputs, the decoder's plan, workspace and scale, and an out / lse of its own."""
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(bench, "capture_graph", lambda fn: (fn(), "graph")[1])
+    inp = types.SimpleNamespace(q=torch.zeros(3, 2, 16, 576, dtype=torch.bfloat16), k_cache="K", block_table="BT",
+                                cache_seqlens="L")
+    dec = types.SimpleNamespace(_lse=torch.zeros(3, 16, 2), tile_scheduler_metadata="M", num_splits="N",
+                                _workspace="W", _scale=0.5)
+    calls = {}
+
+    def entry(name):
+        return lambda *args: calls.setdefault(name, args)
+
+    graphs, outs = bench.capture_entries({"a": entry("a"), "b": entry("b")}, inp, dec)
+    assert graphs == {"a": "graph", "b": "graph"}
+    for name in "ab":
+        q, k, bt, lens, meta, splits, out, lse, ws, scale = calls[name]
+        assert (q is inp.q, k, bt, lens, meta, splits, ws, scale) == (True, "K", "BT", "L", "M", "N", "W", 0.5)
+        assert out is outs[name] and out.shape == (3, 2, 16, 512) and out.dtype == torch.bfloat16
+        assert lse.shape == (3, 16, 2) and lse is not dec._lse
+    assert outs["a"] is not outs["b"] and calls["a"][7] is not calls["b"][7]
