@@ -61,6 +61,9 @@ class MLADecodeBase:
     # measured in docs/perf-notes.md). A variant opts in by setting it and arriving in its roles. A
     # class constant like lazy_rescale (the A/B sets it False).
     early_cluster_arrive = False
+    # L2 eviction priority of the K tile loads (TMA pages; ``paged_kv.L2_HINTS``, None: the default
+    # policy). A class constant like lazy_rescale (an A/B sets it on a subclass).
+    kv_l2_hint = None
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -89,6 +92,8 @@ class MLADecodeBase:
         self.cluster = paged_kv.cluster_size(page_size, self.num_m_blocks, multicast and split_cluster == 1)
         self.loader = paged_kv.make_loader(dtype, page_size, HEAD_DIM, self.kv_stages, self.cluster,
                                            by_columns=self.kv_groups > 1)
+        if self.kv_l2_hint is not None and paged_kv.uses_tma(page_size):
+            self.loader.l2_hint = self.kv_l2_hint
 
     # ------------------------------------------------------------------ host
     @cute.jit

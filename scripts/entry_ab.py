@@ -1,0 +1,123 @@
+"""Kernel forms side by side on one plan (CUDA-graph replays, interleaved rounds, bf16, one process).
+
+    python scripts/entry_ab.py [--config 64,128,1,128,4096 ...] [--mode 2wg --mode 2wg-evict-first ...]
+                               [--replays 300] [--passes 2] [--json F]
+
+For each config one ``MLADecoder`` is planned (2wg's plan; every variant reads the same plan layout);
+each ``--mode`` compiles the decode entry with one kernel class (``MODES``: a variant, or a subclass
+that changes one class constant), captures it in its own graph on the same inputs and plan
+(``perf_table.bench.capture_entries``), and the graphs are timed in interleaved rounds, ``--passes``
+times. Printed: medians and each mode's paired ratio against the first mode (median over rounds of
+its replay / the first mode's replay in the same round). Outputs are compared with the first mode's:
+modes that only change a load's cache policy must match bit for bit; the others to bf16 rounding.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CONFIGS = ((64, 128, 1, 128, 4096), (64, 128, 2, 128, 4096), (64, 128, 1, 128, 1024), (64, 64, 1, 128, 1024),
+           (64, 128, 1, 128, 16384), (64, 128, 2, 64, 4096), (64, 64, 1, 64, 1024), (64, 128, 1, 16, 4096),
+           (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096))
+
+from pipelines import paged_kv  # noqa: E402,F401  (first: it pins the DSL's target arch)
+from pipelines.launch import DecodeEntry  # noqa: E402
+from pipelines.variant_2wg import MLADecode2WG  # noqa: E402
+from pipelines.variant_seesaw import MLADecodeSeesaw  # noqa: E402
+
+import cutlass.cute as cute  # noqa: E402
+
+
+def _sub(base, **attrs):
+    return type(f"{base.__name__}_ab", (base,), attrs)
+
+
+# mode -> (variant of the entry config, kernel class or None for the library's, bit-identical to the first)
+MODES = {
+    "2wg": ("2wg", None, True),
+    "2wg-evict-first": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_first"), True),
+    "2wg-evict-last": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_last"), True),
+    "seesaw": ("seesaw", None, False),
+    "seesaw-2fills": ("seesaw", _sub(MLADecodeSeesaw, block_fills=False), False),
+    "seesaw-evict-first": ("seesaw", _sub(MLADecodeSeesaw, kv_l2_hint="evict_first"), False),
+}
+
+
+def measure(cfg, modes, replays: int, passes: int, compiled: dict) -> dict:
+    import dataclasses
+
+    import torch
+
+    import mla
+    from perf_table import bench, runner
+    from pipelines.launch import TVM_FFI_OPTION, DecodeConfig, entry_args, partial_from_env
+
+    inp = bench.make_inputs(cfg, device="cuda", seed=0)
+    dec = mla.MLADecoder(pipeline="2wg")
+    dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1, page_size=cfg.page_size,
+             dtype=inp.q.dtype, causal=cfg.causal)
+    shape = dec._planned
+    base = DecodeConfig.make("2wg", shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal, 1,
+                             paged_kv.multicast_enabled(), partial_from_env(), dec._info.split_cluster)
+    for mode in modes:
+        variant, cls, _ = MODES[mode]
+        conf = dataclasses.replace(base, variant=variant)
+        key = (conf, mode)
+        if key not in compiled:
+            entry = DecodeEntry(conf)
+            if cls is not None:
+                d = entry.decode
+                entry.decode = cls(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv, multicast=d.cluster > 1,
+                                   split_cluster=d.split_cluster)
+            compiled[key] = cute.compile(entry, *entry_args(conf), options=TVM_FFI_OPTION)
+    graphs, outs = bench.capture_entries(
+        {mode: compiled[(dataclasses.replace(base, variant=MODES[mode][0]), mode)] for mode in modes}, inp, dec)
+    first = modes[0]
+    diffs = {}
+    for mode in modes[1:]:
+        if MODES[mode][2] and MODES[first][0] == MODES[mode][0]:
+            if not torch.equal(outs[first], outs[mode]):
+                raise SystemExit(f"{cfg.label()}: {mode} does not write {first}'s out bit for bit")
+        diffs[mode] = float((outs[mode].float() - outs[first].float()).abs().max())
+        if not bool(torch.isfinite(outs[mode]).all()):
+            raise SystemExit(f"{cfg.label()}: {mode} wrote non-finite values")
+    rows = []
+    for p in range(passes):
+        samples = bench.time_graphs_interleaved(graphs, replays=replays)
+        med = {m: round(statistics.median(s), 2) for m, s in samples.items()}
+        paired = {m: round(runner.paired_ratio(samples[m], samples[first]), 4) for m in modes[1:]}
+        rows.append(dict(medians=med, paired=paired))
+        print(f"  {cfg.label():<26} pass {p + 1}: " + ", ".join(f"{m} {v:.2f}" for m, v in med.items())
+              + "  paired: " + ", ".join(f"{m} {r:.4f}" for m, r in paired.items())
+              + ("  max|diff| " + ", ".join(f"{m} {d:.1e}" for m, d in diffs.items()) if p == 0 else ""), flush=True)
+    return dict(config=cfg.label(), passes=rows, max_abs_diff=diffs)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen")
+    ap.add_argument("--mode", action="append", default=[], choices=sorted(MODES))
+    ap.add_argument("--replays", type=int, default=300)
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--json")
+    args = ap.parse_args(argv)
+
+    from perf_table import grid
+
+    modes = args.mode or ["2wg", "2wg-evict-first"]
+    configs = [grid.Config(*(int(x) for x in c.split(","))) for c in args.config] or [grid.Config(*c) for c in CONFIGS]
+    compiled = {}
+    rows = [measure(cfg, modes, args.replays, args.passes, compiled) for cfg in configs]
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(dict(modes=modes, rows=rows), indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
