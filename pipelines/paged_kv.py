@@ -192,8 +192,8 @@ class TmaPagedKV(PagedKVLoader):
         # 4 warps: one warpgroup (page 16 without a cluster).
         self.warp_per_box = self.boxes_per_cta > 1
         self.producer_warps = self.boxes_per_cta if self.warp_per_box else 1
-        # L2 eviction priority of the K boxes (``L2_HINTS``; None: the default policy). Set by the kernel
-        # from its class constant ``MLADecodeBase.kv_l2_hint``.
+        # L2 eviction priority of the K boxes (``L2_HINTS``; None: the default policy, no hint in the
+        # PTX). Set by the kernel from its class constant ``MLADecodeBase.kv_l2_hint``.
         self.l2_hint = None
         if self.tile_bytes % (self.producer_warps * self.cluster):
             raise ValueError("tile bytes do not split evenly over the producer warps")
@@ -291,31 +291,23 @@ class TmaPagedKV(PagedKVLoader):
         """Acquire the stage, then issue this CTA's boxes of tile ``blk`` of request ``r`` (warp-per-box
         path: this warp's box; ``page``, if given, is its ``page_id`` read earlier). ``cols`` (loader
         built ``by_columns``): the tile's 64-column blocks to load, one TMA copy each."""
-        self.load_fills(tma_k, mK, sK, mBlockTable, (pipe,), (cols,), state, r, blk, seqlen, kv_head,
-                        producer_tidx, page)
-
-    @cute.jit
-    def load_fills(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, mBlockTable: cute.Tensor,
-                   pipes, fills, state, r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32,
-                   producer_tidx: Int32, page=None):
-        """Tile ``blk`` of request ``r`` in several fills, each completing on its own pipeline: fill ``f``
-        is the column blocks ``fills[f]`` (``None``: all columns) on ``pipes[f]``, acquired and issued
-        in order. The page ids are read once for all fills (``page``: as in ``load_tile``)."""
+        P = self.page_size
         tKsK, tKgK = self.tma_views(tma_k, mK, sK)
         rank = Int32(0)
         if const_expr(self.cluster > 1):
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        last_page = (seqlen - 1) // P  # the request's last valid page (the tile has >= 1 token)
         if const_expr(self.warp_per_box):
-            self._load_box_of_warp(tma_k, tKgK, tKsK, mBlockTable, pipes, fills, state, r, blk, seqlen, kv_head,
-                                   rank, producer_tidx, page)
+            self._load_box_of_warp(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, rank,
+                                   producer_tidx, page, cols)
         else:
-            self._load_boxes(tma_k, tKgK, tKsK, mBlockTable, pipes, fills, state, r, blk, (seqlen - 1) // self.page_size,
-                             kv_head, rank)
+            self._load_boxes(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
+                             rank, cols)
 
     @cute.jit
     def _copy_box(self, tma_k, tKgK, tKsK, in_page, kv_head, page, box_idx, stage, bar, cols):
         """The TMA copies of one box (all 576 columns, or the column blocks ``cols``), multicast to the
-        cluster when there is one."""
+        cluster when there is one; with the loader's ``l2_hint`` as their L2 cache policy."""
         hint = {}
         if const_expr(self.l2_hint is not None):
             hint = dict(cache_policy=_l2_policy(self.l2_hint))
@@ -336,10 +328,10 @@ class TmaPagedKV(PagedKVLoader):
                           **hint)
 
     @cute.jit
-    def _load_box_of_warp(self, tma_k, tKgK, tKsK, mBlockTable, pipes, fills, state, r, blk, seqlen, kv_head, rank,
-                          producer_tidx, page):
-        """Warp w of the producers issues box w of this CTA's share: per fill, its column copies on the
-        fill's barrier after its own arrive.expect_tx of one box's share of the fill (``producer_acquire``:
+    def _load_box_of_warp(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, rank,
+                          producer_tidx, page, cols):
+        """Warp w of the producers issues box w of this CTA's share: its 9 column copies, on the stage
+        barrier after its own arrive.expect_tx of one box's share of the tile (``producer_acquire``:
         empty wait, then an elected arrive.expect_tx; see the class docstring for the ordering)."""
         P = self.page_size
         box = self.box_rows
@@ -349,13 +341,13 @@ class TmaPagedKV(PagedKVLoader):
         box_idx = rank * self.boxes_per_cta + warp  # box of the tile: its rows box_idx * box ...
         token = blk * TILE_TOKENS + box_idx * box
         in_page = (token % P) // box  # 0 for the pages of this path (box_rows == page_size)
-        for f in cutlass.range_constexpr(len(fills)):
-            pipes[f].producer_acquire(state)
-            bar = pipes[f].producer_get_barrier(state)
-            self._copy_box(tma_k, tKgK, tKsK, in_page, kv_head, page, box_idx, state.index, bar, fills[f])
+        pipe.producer_acquire(state)
+        bar = pipe.producer_get_barrier(state)
+        self._copy_box(tma_k, tKgK, tKsK, in_page, kv_head, page, box_idx, state.index, bar, cols)
 
     @cute.jit
-    def _load_boxes(self, tma_k, tKgK, tKsK, mBlockTable, pipes, fills, state, r, blk, last_page, kv_head, rank):
+    def _load_boxes(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
+                    rank, cols):
         """One warp issues this CTA's boxes of the tile: since warp_per_box, always exactly one box
         (pages 64 and 128, and page 32 in a 2-CTA cluster), the code as it was for those pages."""
         P = self.page_size
@@ -368,14 +360,13 @@ class TmaPagedKV(PagedKVLoader):
             # A box wholly past the end reloads the last valid page (never a block_table entry the
             # request does not own); its rows are masked and zeroed like any row past the end.
             pages[b] = mBlockTable[r, cutlass.min(token // P, last_page)]
-        for f in cutlass.range_constexpr(len(fills)):
-            pipes[f].producer_acquire(state)
-            bar = pipes[f].producer_get_barrier(state)
-            for b in cutlass.range_constexpr(self.boxes_per_cta):
-                box_idx = rank * self.boxes_per_cta + b  # box of the tile: its rows box_idx * box ...
-                token = blk * TILE_TOKENS + box_idx * box
-                in_page = (token % P) // box  # row block inside the page (128-token pages: 0 or 1)
-                self._copy_box(tma_k, tKgK, tKsK, in_page, kv_head, pages[b], box_idx, state.index, bar, fills[f])
+        pipe.producer_acquire(state)
+        bar = pipe.producer_get_barrier(state)
+        for b in cutlass.range_constexpr(self.boxes_per_cta):
+            box_idx = rank * self.boxes_per_cta + b  # box of the tile: its rows box_idx * box ...
+            token = blk * TILE_TOKENS + box_idx * box
+            in_page = (token % P) // box  # row block inside the page (128-token pages: 0 or 1)
+            self._copy_box(tma_k, tKgK, tKsK, in_page, kv_head, pages[b], box_idx, state.index, bar, cols)
 
 
 class GatherPagedKV(PagedKVLoader):
@@ -461,23 +452,17 @@ class GatherPagedKV(PagedKVLoader):
                               cute.local_tile(sRow, (self.vec,), (chunk,)))
         pipe.producer_commit(state)  # cp.async.mbarrier.arrive.noinc: arrives when this thread's copies land
 
-    @cute.jit
-    def load_fills(self, tma_k, mK: cute.Tensor, sK: cute.Tensor, mBlockTable: cute.Tensor, pipes, fills, state,
-                   r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32, page=None):
-        """``load_tile`` once per fill (``TmaPagedKV.load_fills``): fill ``f``'s column blocks on ``pipes[f]``."""
-        for f in cutlass.range_constexpr(len(fills)):
-            self.load_tile(tma_k, mK, sK, mBlockTable, pipes[f], state, r, blk, seqlen, kv_head, producer_tidx,
-                           cols=fills[f])
-
 
 L2_HINTS = ("evict_first", "evict_last", "evict_normal")
-"""L2 eviction priorities a TMA loader can attach to its K boxes (``createpolicy.fractional``, fraction 1)."""
+"""L2 eviction priorities a TMA loader can give its K boxes (``createpolicy.fractional``, fraction 1.0).
+Measured (docs/perf-notes.md, twelfth session): evict_first on 2wg's K loads was 4-5% faster at 1024
+keys and 2-4% slower at 16384 on an H200, so no kernel sets one."""
 
 
 @cute.jit
 def _l2_policy(hint: cutlass.Constexpr[str]) -> cutlass.Int64:
-    """A 64-bit L2 cache policy for the whole of each access with eviction priority ``hint``
-    (``createpolicy.fractional.L2::<hint>.b64``), the operand of a TMA load's ``.L2::cache_hint``."""
+    """A 64-bit L2 cache policy covering each whole access with eviction priority ``hint``
+    (``createpolicy.fractional.L2::<hint>.b64``): the operand of a TMA load's ``.L2::cache_hint``."""
     if const_expr(hint not in L2_HINTS):
         raise ValueError(f"l2 hint must be one of {L2_HINTS}, got {hint!r}")
     return cutlass.Int64(llvm.inline_asm(cutlass.Int64.mlir_type, [],

@@ -43,8 +43,8 @@ MODES = {
     "2wg": ("2wg", None, True),
     "2wg-evict-first": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_first"), True),
     "2wg-evict-last": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_last"), True),
+    "3wg": ("3wg", None, False),
     "seesaw": ("seesaw", None, False),
-    "seesaw-2fills": ("seesaw", _sub(MLADecodeSeesaw, block_fills=False), False),
     "seesaw-evict-first": ("seesaw", _sub(MLADecodeSeesaw, kv_l2_hint="evict_first"), False),
 }
 

@@ -113,3 +113,53 @@ def test_exit_arrive_moves_into_the_roles_only_for_2wg_multicast_clusters():
     assert not MLADecode2WG(bf, 128, 1, 1, False).arrives_early()  # cp.async pages: no cluster
     assert not MLADecode2WG(bf, 16, 1, 64, False, split_cluster=4).arrives_early()
     assert not MLADecode3WG(bf, 128, 1, 64, False).arrives_early()
+
+
+def test_l2_hint_reaches_every_k_load_only_when_set():
+    """``kv_l2_hint`` (off in every variant) gives each K box's TMA load the policy of a ``createpolicy``
+    as its ``.L2::cache_hint`` operand (0 without it); Q's loads keep 0. A gather loader (page 1)
+    takes no hint."""
+    import glob
+    import os
+    import re
+    import tempfile
+
+    import cutlass.cute as cute
+
+    from pipelines.launch import DecodeConfig, DecodeEntry, entry_args
+    from pipelines.variant_2wg import MLADecode2WG
+
+    hinted = type("Hinted2WG", (MLADecode2WG,), {"kv_l2_hint": "evict_first"})
+    conf = DecodeConfig.make("2wg", "bfloat16", 64, 1, 64, False)
+    ptx = {}
+    for name, cls in (("default", None), ("hinted", hinted)):
+        entry = DecodeEntry(conf)
+        if cls is not None:
+            d = entry.decode
+            entry.decode = cls(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv)
+        with tempfile.TemporaryDirectory() as dump:
+            fn = cute.compile(entry, *entry_args(conf), options=f"--gpu-arch sm_90a --keep-ptx --dump-dir {dump}")
+            assert fn is not None
+            (path,) = glob.glob(os.path.join(dump, "*.ptx"))  # the kept PTX
+            with open(path) as f:
+                ptx[name] = f.read()
+    # The DSL gives every TMA load a cache-policy operand, a register set to 0 unless a policy is given;
+    # with the hint, the K loads take createpolicy's instead and only Q's load keeps a 0.
+    def zero_policy_loads(text):
+        zeros = set(re.findall(r"mov\.b64\s+(%rd\d+), 0;", text))
+        ops = re.findall(r"cp\.async\.bulk\.tensor[^;]*, (%rd\d+);", text)
+        return len(ops), sum(op in zeros for op in ops)
+
+    assert "createpolicy.fractional.L2::evict_first.b64" in ptx["hinted"] and "createpolicy" not in ptx["default"]
+    n_default, zero_default = zero_policy_loads(ptx["default"])
+    n_hinted, zero_hinted = zero_policy_loads(ptx["hinted"])
+    assert n_default == zero_default == n_hinted > 1
+    # A 576-wide box goes out as 9 copies of 64 columns: Q's call sites keep 0, K's (whole tiles) hint.
+    assert 0 < zero_hinted < n_hinted and zero_hinted % 9 == 0 and (n_hinted - zero_hinted) % 9 == 0
+    assert not hasattr(hinted(cutlass_bf16(), 64, 1, 1, False).loader, "l2_hint")  # cp.async gather: no TMA
+
+
+def cutlass_bf16():
+    import cutlass
+
+    return cutlass.BFloat16

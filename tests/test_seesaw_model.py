@@ -2,10 +2,9 @@
 lazy rescaling (pipelines/softmax.py), checked against a plain softmax on the CPU.
 
 The model keeps what the kernel keeps: one running max per row shared by the two warpgroups, a row
-sum per warpgroup, O split in two column halves, P rounded to bf16 before each P.V, m1 = max(m0,
-rowmax S1), P0 handed over moved to m1 (fp32 P0 times exp(m0 - m1), then bf16) while WG1 moves O_R
-from m to m1 in one step, the max moved only by more than ``LAZY_RESCALE_LOG2`` (log2 units), and a
-chunk that ends on an iteration without t1.
+sum per warpgroup, O split in two column halves, P rounded to bf16 before each P.V, P0 handed over
+relative to m0 (WG1 moves O_R to m0 before adding it), m1 = max(m0, rowmax S1), the max moved only by
+more than ``LAZY_RESCALE_LOG2`` (log2 units), and a chunk that ends on an iteration without t1.
 """
 from __future__ import annotations
 
@@ -32,19 +31,9 @@ def _safe(m):
     return torch.where(torch.isinf(m) & (m < 0), torch.zeros_like(m), m)
 
 
-def _exp(s, m, c):
-    """fp32 probabilities against ``m`` (what the softmax leaves in the accumulator) and their sum."""
-    p = torch.exp2(s * c - (_safe(m) * c)[:, None])
-    return p, p.sum(dim=1)
-
-
 def _probs(s, m, c):
-    p, total = _exp(s, m, c)
-    return _bf16(p), total
-
-
-def _bf16(p):
-    return p.to(torch.bfloat16).to(torch.float32)
+    p = torch.exp2(s * c - (_safe(m) * c)[:, None])
+    return p.to(torch.bfloat16).to(torch.float32), p.sum(dim=1)
 
 
 def _factor(m_from, m_to, c):
@@ -67,15 +56,16 @@ def seesaw_model(scores: torch.Tensor, v: torch.Tensor, scale: float):
         t1 = t0 + 1
         s0 = scores[:, t0 * TILE:(t0 + 1) * TILE]
         v0 = v[t0 * TILE:(t0 + 1) * TILE]
-        # WG0: m0, P0 (fp32, relative to m0), O_L to m0, O_L += bf16(P0).V_L(t0).
+        # WG0: m0, P0 (relative to m0), O_L to m0, O_L += P0.V_L(t0).
         m0 = _lazy_max(m, s0, c)
         f0 = _factor(m, m0, c)
-        p0, sum0 = _exp(s0, m0, c)
+        p0, sum0 = _probs(s0, m0, c)
         l0 = l0 * f0 + sum0
-        o_l = o_l * f0[:, None] + _bf16(p0) @ v0[:, :half]
-        # WG1: its max and row sums to m0 (from the published m0), then its own tile against m0; O_R
-        # to m1 in one step, O_R += P1.V_R(t1).
+        o_l = o_l * f0[:, None] + p0 @ v0[:, :half]
+        # WG1: O_R to m0 (the same factor f0, computed from the published m0), O_R += P0.V_R(t0);
+        # then its own tile against m0.
         l1 = l1 * f0
+        o_r = o_r * f0[:, None] + p0 @ v0[:, half:]
         if t1 < n_tiles:
             s1 = scores[:, t1 * TILE:(t1 + 1) * TILE]
             v1 = v[t1 * TILE:(t1 + 1) * TILE]
@@ -83,15 +73,12 @@ def seesaw_model(scores: torch.Tensor, v: torch.Tensor, scale: float):
             g1 = _factor(m0, m1, c)
             p1, sum1 = _probs(s1, m1, c)
             l1 = l1 * g1 + sum1
-            o_r = o_r * (f0 * g1)[:, None] + p1 @ v1[:, half:]
+            o_r = o_r * g1[:, None] + p1 @ v1[:, half:]
         else:
             m1 = m0
-            o_r = o_r * f0[:, None]
-        # WG0, on m1: P0 moved to m1 (fp32, then bf16) for WG1's O_R += P0.V_R(t0); O_L and its row
-        # sums to m1, O_L += P1.V_L(t1).
+        # WG0: to m1, O_L += P1.V_L(t1).
         g = _factor(m0, m1, c)
         l0 = l0 * g
-        o_r = o_r + _bf16(p0 * g[:, None]) @ v0[:, half:]
         o_l = o_l * g[:, None]
         if t1 < n_tiles:
             o_l = o_l + p1 @ v1[:, :half]
