@@ -41,6 +41,12 @@ class MLADecode2WG(MLADecodeBase):
     # constant (the kernel cache keys on the sources); an A/B sets it False with the disk cache off.
     prefetch_next_chunk = True
     early_cluster_arrive = True  # skeleton: both warpgroups arrive after their last K release
+    # K tiles are read once per CTA (or once per cluster, multicast) and never again: marking them first
+    # to leave L2 keeps Q, the block table and the other m-block CTAs' lines. Measured on H200s (paired
+    # A/B, docs/perf-notes.md): 0.947-0.964 at b64 h128 1024, b64 h32 1024, b128 h16 1024, b32 h64 4096,
+    # 0.96-0.99 at b128 h128 1024, within 1% at 4096-16384 keys on one machine (1.02-1.04 at b128 h128
+    # 16384 on another). evict_last was never faster.
+    kv_l2_hint = "evict_first"
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,

@@ -116,9 +116,9 @@ def test_exit_arrive_moves_into_the_roles_only_for_2wg_multicast_clusters():
 
 
 def test_l2_hint_reaches_every_k_load_only_when_set():
-    """``kv_l2_hint`` (off in every variant) gives each K box's TMA load the policy of a ``createpolicy``
-    as its ``.L2::cache_hint`` operand (0 without it); Q's loads keep 0. A gather loader (page 1)
-    takes no hint."""
+    """``kv_l2_hint`` (2wg: evict_first) gives each K box's TMA load the policy of a ``createpolicy`` as
+    its ``.L2::cache_hint`` operand (0 without it); Q's loads keep 0. A gather loader (page 1) takes
+    no hint."""
     import glob
     import os
     import re
@@ -129,10 +129,12 @@ def test_l2_hint_reaches_every_k_load_only_when_set():
     from pipelines.launch import DecodeConfig, DecodeEntry, entry_args
     from pipelines.variant_2wg import MLADecode2WG
 
-    hinted = type("Hinted2WG", (MLADecode2WG,), {"kv_l2_hint": "evict_first"})
+    assert MLADecode2WG.kv_l2_hint == "evict_first"
+    hinted = MLADecode2WG
+    plain = type("Plain2WG", (MLADecode2WG,), {"kv_l2_hint": None})
     conf = DecodeConfig.make("2wg", "bfloat16", 64, 1, 64, False)
     ptx = {}
-    for name, cls in (("default", None), ("hinted", hinted)):
+    for name, cls in (("default", plain), ("hinted", None)):
         entry = DecodeEntry(conf)
         if cls is not None:
             d = entry.decode
