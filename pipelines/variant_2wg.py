@@ -60,6 +60,10 @@ class MLADecode2WG(MLADecodeBase):
     # i.e. beside WG0's softmax of t + 1, instead of beside WG0's own P.V of t. A class constant (the
     # kernel cache keys on the sources); an A/B sets it False (scripts/entry_ab.py, mode 2wg-eager-pv).
     defer_pv = True
+    # L2 prefetch distance (TMA pages): when a stage is refilled with tile t, tile t + l2_prefetch_ahead
+    # (in the chunk) is prefetched into L2, so that its own load, issued once its stage frees, reads L2
+    # instead of waiting for DRAM; 0: off. A class constant like defer_pv.
+    l2_prefetch_ahead = 2
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -279,6 +283,9 @@ class MLADecode2WG(MLADecodeBase):
                                                   blk + self.kv_stages * self.split_cluster, seqlen, kv_head,
                                                   wg_tidx)
                         k_prod.advance()
+                        self.prefetch_l2(tma_k, mK, sK, mBlockTable, r,
+                                         blk + (self.kv_stages + self.l2_prefetch_ahead) * self.split_cluster, stop,
+                                         seqlen, wg_tidx)
             if const_expr(self.arrives_early()):
                 # The last release and the last multicast load of this warpgroup are behind it (the
                 # last chunk prefetches nothing).
@@ -308,6 +315,17 @@ class MLADecode2WG(MLADecodeBase):
             if begin_req > end_req:  # no work: the loop did not arrive
                 cute.arch.cluster_arrive()
 
+    def prefetches_l2(self) -> bool:
+        return self.l2_prefetch_ahead > 0 and paged_kv.uses_tma(self.page_size)
+
+    @cute.jit
+    def prefetch_l2(self, tma_k, mK, sK, mBlockTable, r, blk, stop, seqlen, wg_tidx):
+        """L2 prefetch of tile ``blk`` of the chunk (``paged_kv.TmaPagedKV.prefetch_tile``) when it is in the
+        chunk; nothing unless ``prefetches_l2``."""
+        if const_expr(self.prefetches_l2()):
+            if blk < stop:
+                self.loader.prefetch_tile(tma_k, mK, sK, mBlockTable, r, blk, seqlen, 0, wg_tidx)
+
     @cute.jit
     def load_chunk_head(self, is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK,
                         mBlockTable, pipe_k, k_prod, m_block, kv_head, r, start, stop, seqlen, wg_tidx):
@@ -320,7 +338,16 @@ class MLADecode2WG(MLADecodeBase):
                                       self.split_cluster, unroll=1):
                 self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx)
                 k_prod.advance()
+            self.prefetch_head(tma_k, mK, sK, mBlockTable, r, start, stop, seqlen, wg_tidx)
         return q_prod, k_prod
+
+    @cute.jit
+    def prefetch_head(self, tma_k, mK, sK, mBlockTable, r, start, stop, seqlen, wg_tidx):
+        """The L2 prefetches of a chunk's tiles ``kv_stages .. kv_stages + l2_prefetch_ahead - 1`` (the loop
+        prefetches the rest, one per refill)."""
+        for d in cutlass.range_constexpr(self.l2_prefetch_ahead if self.prefetches_l2() else 0):
+            self.prefetch_l2(tma_k, mK, sK, mBlockTable, r, start + (self.kv_stages + d) * self.split_cluster,
+                             stop, seqlen, wg_tidx)
 
     # ------------------------------------------------------- deferred P.V (TMA pages)
     @cute.jit
@@ -526,6 +553,8 @@ class MLADecode2WG(MLADecodeBase):
                     if refill < stop:
                         g1_prod = self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, g1_prod, r, refill, seqlen,
                                                   kv_head, wg_tidx, next_page, G1_COLS)
+                        self.prefetch_l2(tma_k, mK, sK, mBlockTable, r, refill + self.l2_prefetch_ahead * step, stop,
+                                         seqlen, wg_tidx)
             if const_expr(self.arrives_early()):
                 # The last release and the last multicast load of this warpgroup are behind it (the
                 # last chunk prefetches nothing).
@@ -583,4 +612,5 @@ class MLADecode2WG(MLADecodeBase):
                 self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, g1_prod, r, blk, seqlen, kv_head, wg_tidx,
                                       cols=G1_COLS)
                 g1_prod.advance()
+            self.prefetch_head(tma_k, mK, sK, mBlockTable, r, start, stop, seqlen, wg_tidx)
         return q_prod, g0_prod, g1_prod
