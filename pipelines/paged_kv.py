@@ -305,34 +305,6 @@ class TmaPagedKV(PagedKVLoader):
                              rank, cols)
 
     @cute.jit
-    def prefetch_tile(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, mBlockTable: cute.Tensor,
-                      r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32):
-        """L2 prefetch (``cp.async.bulk.prefetch.tensor.L2``) of this CTA's boxes of tile ``blk``, every
-        column, by the warps that later load them (warp-per-box path: this warp's box): no shared memory
-        and no barrier, so a stage need not be free; the later ``load_tile`` then reads L2."""
-        P = self.page_size
-        tKsK, tKgK = self.tma_views(tma_k, mK, sK)
-        rank = Int32(0)
-        if const_expr(self.cluster > 1):
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        last_page = (seqlen - 1) // P
-        first_box = 0
-        n_boxes = self.boxes_per_cta
-        if const_expr(self.warp_per_box):
-            first_box = cute.arch.make_warp_uniform(producer_tidx // 32)
-            n_boxes = 1
-        for b in cutlass.range_constexpr(n_boxes):
-            box_idx = rank * self.boxes_per_cta + first_box + b
-            token = blk * TILE_TOKENS + box_idx * self.box_rows
-            page = mBlockTable[r, cutlass.min(token // P, last_page)]
-            in_page = (token % P) // self.box_rows
-            if const_expr(self.by_columns):
-                for c in cutlass.range_constexpr(self.head_dim // COL_BLOCK):
-                    cute.prefetch(tma_k, tKgK[None, in_page, c, kv_head, page])
-            else:
-                cute.prefetch(tma_k, tKgK[None, in_page, kv_head, page])
-
-    @cute.jit
     def _copy_box(self, tma_k, tKgK, tKsK, in_page, kv_head, page, box_idx, stage, bar, cols):
         """The TMA copies of one box (all 576 columns, or the column blocks ``cols``), multicast to the
         cluster when there is one; with the loader's ``l2_hint`` as their L2 cache policy."""

@@ -21,8 +21,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
-from pipelines import layouts, paged_kv, softmax
-from pipelines.paged_kv import COL_BLOCK
+from pipelines import layouts, softmax
 from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, MLADecodeBase
 
 # named barrier ids (0 is __syncthreads)
@@ -30,15 +29,7 @@ BAR_P_FULL = 1
 BAR_P_EMPTY = 2
 BAR_WG0 = 3
 BAR_WG1 = 4
-BAR_S_DONE = 5  # deferred P.V: WG0 -> WG1, the next tile's QK is complete
 HALF = HEAD_DIM_V // 2
-# Column groups of a K stage in the deferred schedule (64-column blocks), each with its own barrier pair:
-# G0 = V_L and the RoPE block, read only by WG0 (QK, P.V of the left half), refilled as soon as WG0's
-# P.V is done; G1 = V_R, read by WG0's QK and WG1's deferred P.V, refilled after that P.V. QK reads G0
-# first, so the later G1 refill has the G0 part of the next QK as extra slack.
-G0_COLS = (0, 1, 2, 3, 8)
-G1_COLS = (4, 5, 6, 7)
-K_STEPS_PER_BLOCK = COL_BLOCK // 16  # wgmma k16 steps per 64-column block
 
 
 class MLADecode2WG(MLADecodeBase):
@@ -56,35 +47,6 @@ class MLADecode2WG(MLADecodeBase):
     # 0.96-0.99 at b128 h128 1024, within 1% at 4096-16384 keys on one machine (1.02-1.04 at b128 h128
     # 16384 on another). evict_last was never faster.
     kv_l2_hint = "evict_first"
-    # Deferred P.V (TMA pages; the module docstring): WG1's P.V of tile t runs behind WG0's QK of t + 1,
-    # i.e. beside WG0's softmax of t + 1, instead of beside WG0's own P.V of t. A class constant (the
-    # kernel cache keys on the sources); an A/B sets it False (scripts/entry_ab.py, mode 2wg-eager-pv).
-    defer_pv = True
-    # L2 prefetch distance (TMA pages): when a stage is refilled with tile t, tile t + l2_prefetch_ahead
-    # (in the chunk) is prefetched into L2, so that its own load, issued once its stage frees, reads L2
-    # instead of waiting for DRAM; 0: off. A class constant like defer_pv.
-    l2_prefetch_ahead = 2
-
-    def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
-                 multicast: bool = True, split_cluster: int = 1):
-        # The deferred schedule refills a stage in two column groups, which the TMA loader issues as
-        # separate copies; the cp.async gather (pages < 16) keeps the eager schedule, where all of WG1
-        # gathers every row of a tile right after its P.V.
-        self.deferred = bool(self.defer_pv) and paged_kv.uses_tma(page_size)
-        self.kv_groups = 2 if self.deferred else 1
-        super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, multicast, split_cluster)
-
-    def make_pipelines(self, storage):
-        """Eager schedule: the skeleton's. Deferred: one pipeline per column group over the same two
-        stages, G0 consumed by WG0 alone, G1 by both warpgroups (every CTA of a multicast cluster)."""
-        if not self.deferred:
-            return super().make_pipelines(storage)
-        pipe_q = self.make_q_pipeline(storage)
-        bytes_per_block = BLOCK_N * COL_BLOCK * self.dtype.width // 8
-        ptr = storage.mbar_k.data_ptr()
-        pipe_g0 = self.loader.make_pipeline(ptr, 4, tx_bytes=len(G0_COLS) * bytes_per_block)
-        pipe_g1 = self.loader.make_pipeline(ptr + 2 * self.kv_stages, 8, tx_bytes=len(G1_COLS) * bytes_per_block)
-        return pipe_q, (pipe_g0, pipe_g1)
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -101,24 +63,14 @@ class MLADecode2WG(MLADecodeBase):
 
         # Pipeline states and MMA objects are created inside each role: they are mutated while
         # tracing, and the two roles are two branches of one dynamic if.
-        if const_expr(self.deferred):
-            if wg == 0:
-                self.wg0_deferred(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-                                  mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0,
-                                  s_row_scale, s_row_inv, pipe_q, pipe_k, scale_log2, storage)
-            else:
-                self.wg1_deferred(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-                                  tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
-                                  mLSEaccum, sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k, storage)
+        if wg == 0:
+            self.wg0_qk_softmax_pv(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
+                                   mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0,
+                                   s_row_scale, s_row_inv, pipe_q, pipe_k, scale_log2, storage)
         else:
-            if wg == 0:
-                self.wg0_qk_softmax_pv(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block,
-                                       begin_split, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP,
-                                       sV0, s_row_scale, s_row_inv, pipe_q, pipe_k, scale_log2, storage)
-            else:
-                self.wg1_load_pv(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-                                 tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
-                                 mLSEaccum, sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k, storage)
+            self.wg1_load_pv(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
+                             tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
+                             mLSEaccum, sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k, storage)
 
     # ------------------------------------------------------------------ WG0
     @cute.jit
@@ -283,9 +235,6 @@ class MLADecode2WG(MLADecodeBase):
                                                   blk + self.kv_stages * self.split_cluster, seqlen, kv_head,
                                                   wg_tidx)
                         k_prod.advance()
-                        self.prefetch_l2(tma_k, mK, sK, mBlockTable, r,
-                                         blk + (self.kv_stages + self.l2_prefetch_ahead) * self.split_cluster, stop,
-                                         seqlen, wg_tidx)
             if const_expr(self.arrives_early()):
                 # The last release and the last multicast load of this warpgroup are behind it (the
                 # last chunk prefetches nothing).
@@ -315,17 +264,6 @@ class MLADecode2WG(MLADecodeBase):
             if begin_req > end_req:  # no work: the loop did not arrive
                 cute.arch.cluster_arrive()
 
-    def prefetches_l2(self) -> bool:
-        return self.l2_prefetch_ahead > 0 and paged_kv.uses_tma(self.page_size)
-
-    @cute.jit
-    def prefetch_l2(self, tma_k, mK, sK, mBlockTable, r, blk, stop, seqlen, wg_tidx):
-        """L2 prefetch of tile ``blk`` of the chunk (``paged_kv.TmaPagedKV.prefetch_tile``) when it is in the
-        chunk; nothing unless ``prefetches_l2``."""
-        if const_expr(self.prefetches_l2()):
-            if blk < stop:
-                self.loader.prefetch_tile(tma_k, mK, sK, mBlockTable, r, blk, seqlen, 0, wg_tidx)
-
     @cute.jit
     def load_chunk_head(self, is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK,
                         mBlockTable, pipe_k, k_prod, m_block, kv_head, r, start, stop, seqlen, wg_tidx):
@@ -338,279 +276,4 @@ class MLADecode2WG(MLADecodeBase):
                                       self.split_cluster, unroll=1):
                 self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx)
                 k_prod.advance()
-            self.prefetch_head(tma_k, mK, sK, mBlockTable, r, start, stop, seqlen, wg_tidx)
         return q_prod, k_prod
-
-    @cute.jit
-    def prefetch_head(self, tma_k, mK, sK, mBlockTable, r, start, stop, seqlen, wg_tidx):
-        """The L2 prefetches of a chunk's tiles ``kv_stages .. kv_stages + l2_prefetch_ahead - 1`` (the loop
-        prefetches the rest, one per refill)."""
-        for d in cutlass.range_constexpr(self.l2_prefetch_ahead if self.prefetches_l2() else 0):
-            self.prefetch_l2(tma_k, mK, sK, mBlockTable, r, start + (self.kv_stages + d) * self.split_cluster,
-                             stop, seqlen, wg_tidx)
-
-    # ------------------------------------------------------- deferred P.V (TMA pages)
-    @cute.jit
-    def qk_issue(self, acc_s, tSrQ, tSrK, pipe_g0, g0_state, pipe_g1, g1_state):
-        """Issue S = Q.K^T of the tile in the states' stage (G0's column blocks, then G1's, each after its
-        full barrier) and commit it; the caller waits. (Its own MMA object: the accumulate flag it sets
-        inside the caller's branches must not escape them.)"""
-        mma_qk, _, _ = self.tiled_mmas()
-        stage = g0_state.index
-        self.loader.consumer_wait(pipe_g0, g0_state)
-        # A barrier wait is a loop (a branch) inside the wgmma chain: a fence after each one, or ptxas
-        # serializes every wgmma (info C7520).
-        warpgroup.fence()
-        for bi in cutlass.range_constexpr(len(G0_COLS)):
-            for kk in cutlass.range_constexpr(K_STEPS_PER_BLOCK):
-                k = G0_COLS[bi] * K_STEPS_PER_BLOCK + kk
-                mma_qk.set(warpgroup.Field.ACCUMULATE, bi != 0 or kk != 0)
-                cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
-        self.loader.consumer_wait(pipe_g1, g1_state)
-        warpgroup.fence()
-        for bi in cutlass.range_constexpr(len(G1_COLS)):
-            for kk in cutlass.range_constexpr(K_STEPS_PER_BLOCK):
-                k = G1_COLS[bi] * K_STEPS_PER_BLOCK + kk
-                mma_qk.set(warpgroup.Field.ACCUMULATE, True)
-                cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
-        warpgroup.commit_group()
-
-    @cute.jit
-    def wg0_deferred(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-                     mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0, s_row_scale,
-                     s_row_inv, pipe_q, pipe_k, scale_log2, storage):
-        """WG0 per tile t: softmax(t), P(t) to smem, O_L += P(t).V_L(t) (RS), then QK(t+1) issued right
-        behind it; once P.V(t) is done G0(t) is released and P_FULL tells WG1 (P(t) and the factors are
-        there, G0(t) is free to refill); once QK(t+1) is done S_DONE lets WG1 issue its P.V(t), which
-        so runs beside the softmax of t+1."""
-        pipe_g0, pipe_g1 = pipe_k
-        mma_qk, mma_pv_rs, _ = self.tiled_mmas()
-        step = self.split_cluster
-        g0_rd = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-        g1_rd = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-        g0_rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-        g1_rel = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-        q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        thr_qk = mma_qk.get_slice(wg_tidx)
-        thr_pv = mma_pv_rs.get_slice(wg_tidx)
-        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
-        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
-        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV0))
-        tPsP = thr_qk.partition_C(sP)
-        cS = cute.make_identity_tensor((BLOCK_M, BLOCK_N))
-        tScS = layouts.acc_mn_view(thr_qk.partition_C(cS))
-        n_rows_thr = cute.size(tScS, mode=[0])
-        acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
-
-        for r in cutlass.range(begin_req, end_req + 1, unroll=1):
-            seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
-                r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-            acc_o, acc_o_mn, row_max, row_sum, row_scale = self.new_chunk_state(thr_pv, n_rows_thr)
-            row_limit = self.row_limits(seqlen, m_block, tScS)
-
-            pipe_q.consumer_wait(q_state)
-            if start < stop:
-                self.qk_issue(acc_s, tSrQ, tSrK, pipe_g0, g0_rd, pipe_g1, g1_rd)
-                g0_rd.advance()
-                g1_rd.advance()
-            warpgroup.wait_group(0)
-            for blk in cutlass.range(start, stop, step, unroll=1):
-                # S(blk) is complete: WG0's reads of G1(blk) are done (WG1's P.V still reads it).
-                self.loader.consumer_release(pipe_g1, g1_rel)
-                g1_rel.advance()
-                self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
-                rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
-                rP.store(acc_s.load().to(self.dtype))
-                # P and the factors go to smem once WG1's P.V of the previous tile is done with them.
-                cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-                cute.autovec_copy(rP, tPsP)
-                if wg_tidx % 4 == 0:
-                    for i in cutlass.range_constexpr(n_rows_thr):
-                        s_row_scale[tScS[i, 0][0]] = row_scale[i]
-                cute.arch.fence_view_async_shared()  # P is read by WG1's wgmma (async proxy)
-                softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-                valid = seqlen - blk * BLOCK_N
-                if valid < BLOCK_N:
-                    self.zero_v_rows(sK, g0_rel.index, valid, 0, HALF, wg_tidx, BAR_WG0)
-                warpgroup.fence()
-                tOrP = layouts.acc_as_a_operand(rP)
-                for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                    mma_pv_rs.set(warpgroup.Field.ACCUMULATE, True)
-                    cute.gemm(mma_pv_rs, acc_o, tOrP[None, None, k], tOrV[None, None, k, g0_rel.index], acc_o)
-                warpgroup.commit_group()
-                has_next = blk + step < stop
-                if has_next:
-                    # QK(blk + 1) queues right behind this P.V: no tensor-core gap between them.
-                    self.qk_issue(acc_s, tSrQ, tSrK, pipe_g0, g0_rd, pipe_g1, g1_rd)
-                    g0_rd.advance()
-                    g1_rd.advance()
-                    warpgroup.wait_group(1)
-                else:
-                    warpgroup.wait_group(0)
-                # P.V(blk) done: G0(blk) is free; WG1 may read P(blk) and refill G0.
-                self.loader.consumer_release(pipe_g0, g0_rel)
-                g0_rel.advance()
-                cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
-                # (Outside the if: an accumulator in flight across the branch makes ptxas serialize.)
-                warpgroup.wait_group(0)
-                if has_next:
-                    cute.arch.barrier_arrive(barrier_id=BAR_S_DONE, number_of_threads=256)
-            if const_expr(self.arrives_early()):
-                if r == end_req:  # this warpgroup's last release (to the peer too) is behind it
-                    cute.arch.cluster_arrive()
-            pipe_q.consumer_release(q_state)
-            q_state.advance()
-
-            row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
-            row_lse = cute.make_rmem_tensor(n_rows_thr, Float32)
-            softmax.finalize_rows(row_max, row_sum, row_inv, row_lse, scale_log2, self.empty_row_lse(is_split))
-            cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-            if wg_tidx % 4 == 0:
-                for i in cutlass.range_constexpr(n_rows_thr):
-                    s_row_inv[tScS[i, 0][0]] = row_inv[i]
-            cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
-            self.store_chunk(acc_o, mma_pv_rs, wg_tidx, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head, r,
-                             is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
-        # Pairs WG1's last P_EMPTY arrive so no arrival is left pending at exit.
-        cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-        if const_expr(self.arrives_early()):
-            if begin_req > end_req:  # no work: the loop did not arrive
-                cute.arch.cluster_arrive()
-
-    @cute.jit
-    def wg1_deferred(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-                     tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                     sQ, sK, sP, sV1, s_row_scale, s_row_inv, pipe_q, pipe_k, storage):
-        """WG1 per tile t: on P_FULL(t) its producer warps refill G0 of the stage with tile t+2 and it
-        rescales O_R; on S_DONE (WG0's QK of t+1 complete) O_R += P(t).V_R(t) (SS); then G1 of the stage
-        is refilled with tile t+2. Loads as in the eager form: Q and the chunk's first two tiles (both
-        groups) at its start, or before the previous chunk's epilogue."""
-        pipe_g0, pipe_g1 = pipe_k
-        _, _, mma_pv_ss = self.tiled_mmas()
-        step = self.split_cluster
-        g1_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-        thr_pv = mma_pv_ss.get_slice(wg_tidx)
-        tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))
-        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV1))
-        cO = cute.make_identity_tensor((BLOCK_M, HALF))
-        tOcO = layouts.acc_mn_view(thr_pv.partition_C(cO))
-        n_rows_thr = cute.size(tOcO, mode=[0])
-        wg_warp = cute.arch.make_warp_uniform(wg_tidx // 32)
-        is_q_producer = wg_warp == 0
-        is_k_producer = wg_warp < self.loader.producer_warps
-        q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        g0_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-        g1_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-
-        # P_EMPTY starts "free": WG0 waits on it before its first P write.
-        cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-        prefetched = Int32(0)
-        for r in cutlass.range(begin_req, end_req + 1, unroll=1):
-            seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
-                r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-            if prefetched == 0:
-                q_prod, g0_prod, g1_prod = self.load_chunk_head_groups(
-                    is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK, mBlockTable,
-                    pipe_g0, g0_prod, pipe_g1, g1_prod, m_block, kv_head, r, start, stop, seqlen, wg_tidx)
-            prefetched = Int32(0)
-            acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((BLOCK_M, HALF)), Float32)
-            acc_o.fill(0.0)
-            acc_o_mn = layouts.acc_mn_view(acc_o)
-            row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
-            for blk in cutlass.range(start, stop, step, unroll=1):
-                refill = blk + self.kv_stages * step  # the tile this stage takes next
-                next_page = Int32(0)
-                if const_expr(self.loader.prefetches_page()):
-                    # This warp's page id of tile ``refill``, read before the waits below (a tile index
-                    # past the chunk reads the last valid page and is not used).
-                    if is_k_producer:
-                        next_page = self.loader.page_id(mBlockTable, r, refill, seqlen, wg_tidx)
-                cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
-                if is_k_producer:
-                    if refill < stop:
-                        g0_prod = self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, g0_prod, r, refill, seqlen,
-                                                  kv_head, wg_tidx, next_page, G0_COLS)
-                for i in cutlass.range_constexpr(n_rows_thr):
-                    row_scale[i] = s_row_scale[tOcO[i, 0][0]]
-                softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-                self.loader.consumer_wait(pipe_g1, g1_state)
-                valid = seqlen - blk * BLOCK_N
-                if valid < BLOCK_N:
-                    self.zero_v_rows(sK, g1_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
-                if blk + step < stop:
-                    # Behind WG0's QK of the next tile: this P.V fills the tensor cores during its softmax.
-                    cute.arch.barrier(barrier_id=BAR_S_DONE, number_of_threads=256)
-                warpgroup.fence()
-                for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                    mma_pv_ss.set(warpgroup.Field.ACCUMULATE, True)
-                    cute.gemm(mma_pv_ss, acc_o, tOrP[None, None, k], tOrV[None, None, k, g1_state.index], acc_o)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-                self.loader.consumer_release(pipe_g1, g1_state)
-                g1_state.advance()
-                if is_k_producer:
-                    if refill < stop:
-                        g1_prod = self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, g1_prod, r, refill, seqlen,
-                                                  kv_head, wg_tidx, next_page, G1_COLS)
-                        self.prefetch_l2(tma_k, mK, sK, mBlockTable, r, refill + self.l2_prefetch_ahead * step, stop,
-                                         seqlen, wg_tidx)
-            if const_expr(self.arrives_early()):
-                # The last release and the last multicast load of this warpgroup are behind it (the
-                # last chunk prefetches nothing).
-                if r == end_req:
-                    cute.arch.cluster_arrive()
-            cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
-            row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
-            for i in cutlass.range_constexpr(n_rows_thr):
-                row_inv[i] = s_row_inv[tOcO[i, 0][0]]
-            cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-            if const_expr(self.prefetch_next_chunk and self.split_cluster == 1):
-                # As in the eager form: the next chunk's Q and first tiles before this chunk's epilogue.
-                if r < end_req:
-                    n_seqlen, _, n_start, n_stop, _, _ = self.chunk_bounds(
-                        r + 1, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-                    q_prod, g0_prod, g1_prod = self.load_chunk_head_groups(
-                        is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK, mBlockTable,
-                        pipe_g0, g0_prod, pipe_g1, g1_prod, m_block, kv_head, r + 1, n_start, n_stop, n_seqlen,
-                        wg_tidx)
-                    prefetched = Int32(1)
-            self.store_chunk(acc_o, mma_pv_ss, wg_tidx, wg_tidx + 128, row_inv, row_inv, False, HALF, m_block,
-                             kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
-        if const_expr(self.arrives_early()):
-            if begin_req > end_req:  # no work: the loop did not arrive
-                cute.arch.cluster_arrive()
-
-    @cute.jit
-    def load_group(self, tma_k, mK, sK, mBlockTable, pipe, prod, r, blk, seqlen, kv_head, wg_tidx, page,
-                   cols: cutlass.Constexpr):
-        """One column group of tile ``blk`` (this warp's box; ``page``: its page id read earlier on the
-        warp-per-box path)."""
-        if const_expr(self.loader.prefetches_page()):
-            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe, prod, r, blk, seqlen, kv_head, wg_tidx,
-                                  page=page, cols=cols)
-        else:
-            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe, prod, r, blk, seqlen, kv_head, wg_tidx,
-                                  cols=cols)
-        prod.advance()
-        return prod
-
-    @cute.jit
-    def load_chunk_head_groups(self, is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK,
-                               mBlockTable, pipe_g0, g0_prod, pipe_g1, g1_prod, m_block, kv_head, r, start, stop,
-                               seqlen, wg_tidx):
-        """Q of request ``r`` and both column groups of its chunk's first ``kv_stages`` tiles."""
-        if is_q_producer:
-            self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
-            q_prod.advance()
-        if is_k_producer:
-            for blk in cutlass.range(start, cutlass.min(start + self.kv_stages * self.split_cluster, stop),
-                                      self.split_cluster, unroll=1):
-                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, g0_prod, r, blk, seqlen, kv_head, wg_tidx,
-                                      cols=G0_COLS)
-                g0_prod.advance()
-                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, g1_prod, r, blk, seqlen, kv_head, wg_tidx,
-                                      cols=G1_COLS)
-                g1_prod.advance()
-            self.prefetch_head(tma_k, mK, sK, mBlockTable, r, start, stop, seqlen, wg_tidx)
-        return q_prod, g0_prod, g1_prod

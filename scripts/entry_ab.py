@@ -40,11 +40,8 @@ def _sub(base, **attrs):
 
 # mode -> (variant of the entry config, kernel class or None for the library's, bit-identical to the first)
 MODES = {
-    "2wg": ("2wg", None, False),  # the library's 2wg
+    "2wg": ("2wg", None, True),  # the library's 2wg (K loads evict_first)
     "2wg-no-hint": ("2wg", _sub(MLADecode2WG, kv_l2_hint=None), True),
-    "2wg-eager-pv": ("2wg", _sub(MLADecode2WG, defer_pv=False), False),  # WG1's P.V beside WG0's
-    "2wg-eager-nopf": ("2wg", _sub(MLADecode2WG, defer_pv=False, l2_prefetch_ahead=0), False),
-    "2wg-deferred-nopf": ("2wg", _sub(MLADecode2WG, defer_pv=True, l2_prefetch_ahead=0), False),
     "2wg-evict-first": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_first"), True),
     "2wg-evict-last": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_last"), True),
     "3wg": ("3wg", None, False),
