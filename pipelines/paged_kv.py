@@ -250,9 +250,10 @@ class TmaPagedKV(PagedKVLoader):
     @cute.jit
     def page_id(self, mBlockTable: cute.Tensor, r: Int32, blk: Int32, seqlen: Int32, producer_tidx: Int32):
         """block_table entry of the box producer warp ``producer_tidx // 32`` issues for tile ``blk``
-        of request ``r`` (warp-per-box path). A box past the request's end (a tail tile, or a tile
-        index past the last one: callers may ask before knowing it is needed) gets the last valid
-        page, never an entry the request does not own; such rows are masked and zeroed downstream."""
+        of request ``r`` (warp-per-box path; on the one-box path, where warp 0 issues the CTA's one box,
+        that box's). A box past the request's end (a tail tile, or a tile index past the last one:
+        callers may ask before knowing it is needed) gets the last valid page, never an entry the
+        request does not own; such rows are masked and zeroed downstream."""
         P = self.page_size
         warp = cute.arch.make_warp_uniform(producer_tidx // 32)
         rank = Int32(0)
@@ -303,6 +304,29 @@ class TmaPagedKV(PagedKVLoader):
         else:
             self._load_boxes(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
                              rank, cols)
+
+    @cute.jit
+    def prefetch_tile(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, blk: Int32, kv_head: Int32,
+                      page: Int32, producer_tidx: Int32):
+        """L2 prefetch (``cp.async.bulk.prefetch.tensor.L2``, SASS ``UTMAPF``) of the box this producer
+        warp loads of tile ``blk`` (every column), ``page`` its ``page_id`` read earlier: no shared memory
+        and no barrier, so no stage need be free; the box's later ``load_tile`` then reads L2. Called by
+        the warps that issue the tile's loads (one box per warp on every TMA path, see ``_load_boxes``)."""
+        P = self.page_size
+        tKsK, tKgK = self.tma_views(tma_k, mK, sK)
+        rank = Int32(0)
+        if const_expr(self.cluster > 1):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        warp = Int32(0)
+        if const_expr(self.warp_per_box):
+            warp = cute.arch.make_warp_uniform(producer_tidx // 32)
+        token = blk * TILE_TOKENS + (rank * self.boxes_per_cta + warp) * self.box_rows
+        in_page = (token % P) // self.box_rows
+        if const_expr(self.by_columns):
+            for c in cutlass.range_constexpr(self.head_dim // COL_BLOCK):
+                cute.prefetch(tma_k, tKgK[None, in_page, c, kv_head, page])
+        else:
+            cute.prefetch(tma_k, tKgK[None, in_page, kv_head, page])
 
     @cute.jit
     def _copy_box(self, tma_k, tKgK, tKsK, in_page, kv_head, page, box_idx, stage, bar, cols):

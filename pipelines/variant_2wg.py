@@ -21,7 +21,7 @@ import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
-from pipelines import layouts, softmax
+from pipelines import layouts, paged_kv, softmax
 from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, MLADecodeBase
 
 # named barrier ids (0 is __syncthreads)
@@ -47,6 +47,15 @@ class MLADecode2WG(MLADecodeBase):
     # 0.96-0.99 at b128 h128 1024, within 1% at 4096-16384 keys on one machine (1.02-1.04 at b128 h128
     # 16384 on another). evict_last was never faster.
     kv_l2_hint = "evict_first"
+    # L2 prefetch distance (TMA pages): each time a stage is refilled with tile t, the K producer warps
+    # also prefetch tile t + l2_prefetch_ahead of the chunk into L2 (``paged_kv.TmaPagedKV.prefetch_tile``),
+    # so that its load, issued when its stage frees, reads L2; the chunk's first loads prefetch the
+    # tiles after them. 0: off (the default: not measured in this form yet). A first form read each
+    # prefetch's page id right before issuing it, on the warp that also issues WG1's P.V; measured on an
+    # H100 it was 5.5% faster at b8 s1 h64 4096 and 6% slower at b64 s1 h128 1024 and b128 s1 h16 4096
+    # (docs/perf-notes.md, twelfth session). This form reads the page id a tile early, like the loads'.
+    # A class constant like kv_l2_hint (an A/B sets it on a subclass: scripts/entry_ab.py).
+    l2_prefetch_ahead = 0
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -199,6 +208,12 @@ class MLADecode2WG(MLADecodeBase):
             acc_o_mn = layouts.acc_mn_view(acc_o)
             row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
             for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
+                ahead = blk + (self.kv_stages + self.l2_prefetch_ahead) * self.split_cluster
+                ahead_page = Int32(0)
+                if const_expr(self.prefetches_l2()):
+                    # Like next_page: read now, used after the stage's refill below.
+                    if is_k_producer:
+                        ahead_page = self.loader.page_id(mBlockTable, r, ahead, seqlen, wg_tidx)
                 if const_expr(self.loader.prefetches_page()):
                     # The page id of this warp's box of tile blk + kv_stages, read now (before the waits
                     # for P and the stage, and the P.V) so that its latency is hidden by them instead of
@@ -235,6 +250,9 @@ class MLADecode2WG(MLADecodeBase):
                                                   blk + self.kv_stages * self.split_cluster, seqlen, kv_head,
                                                   wg_tidx)
                         k_prod.advance()
+                    if const_expr(self.prefetches_l2()):
+                        if ahead < stop:
+                            self.loader.prefetch_tile(tma_k, mK, sK, ahead, kv_head, ahead_page, wg_tidx)
             if const_expr(self.arrives_early()):
                 # The last release and the last multicast load of this warpgroup are behind it (the
                 # last chunk prefetches nothing).
@@ -276,4 +294,15 @@ class MLADecode2WG(MLADecodeBase):
                                       self.split_cluster, unroll=1):
                 self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx)
                 k_prod.advance()
+            if const_expr(self.prefetches_l2()):
+                # The tiles after the first kv_stages up to the distance; the tile loop prefetches the rest.
+                for d in cutlass.range_constexpr(self.l2_prefetch_ahead):
+                    ahead = start + (self.kv_stages + d) * self.split_cluster
+                    if ahead < stop:
+                        page = self.loader.page_id(mBlockTable, r, ahead, seqlen, wg_tidx)
+                        self.loader.prefetch_tile(tma_k, mK, sK, ahead, kv_head, page, wg_tidx)
         return q_prod, k_prod
+
+    def prefetches_l2(self) -> bool:
+        """Whether the K producers prefetch tiles into L2 (``l2_prefetch_ahead``; TMA pages only)."""
+        return self.l2_prefetch_ahead > 0 and paged_kv.uses_tma(self.page_size)

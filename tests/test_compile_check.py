@@ -165,3 +165,41 @@ def cutlass_bf16():
     import cutlass
 
     return cutlass.BFloat16
+
+
+def test_l2_prefetch_is_off_by_default_and_prefetches_k_boxes_when_set():
+    """``l2_prefetch_ahead`` (2wg, off by default): when set, the K producers issue TMA L2 prefetches
+    (``cp.async.bulk.prefetch.tensor...L2``) of K boxes, 9 per 576-wide box like the loads; none
+    without it, and none on a gather page size (no TMA)."""
+    import glob
+    import os
+    import re
+    import tempfile
+
+    import cutlass.cute as cute
+
+    from pipelines.launch import DecodeConfig, DecodeEntry, entry_args
+    from pipelines.variant_2wg import MLADecode2WG
+
+    assert MLADecode2WG.l2_prefetch_ahead == 0
+    prefetching = type("Prefetch2WG", (MLADecode2WG,), {"l2_prefetch_ahead": 2})
+    conf = DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False)  # a multicast cluster: each CTA its half
+    ptx = {}
+    for name, cls in (("default", None), ("prefetch", prefetching)):
+        entry = DecodeEntry(conf)
+        if cls is not None:
+            d = entry.decode
+            entry.decode = cls(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv, multicast=d.cluster > 1)
+        with tempfile.TemporaryDirectory() as dump:
+            fn = cute.compile(entry, *entry_args(conf), options=f"--gpu-arch sm_90a --keep-ptx --dump-dir {dump}")
+            assert fn is not None
+            (path,) = glob.glob(os.path.join(dump, "*.ptx"))
+            with open(path) as f:
+                ptx[name] = f.read()
+    pattern = re.compile(r"cp\.async\.bulk\.prefetch\.tensor\S*L2")
+    assert not pattern.search(ptx["default"])
+    n = len(pattern.findall(ptx["prefetch"]))
+    assert n > 0 and n % 9 == 0
+    assert prefetching(cutlass_bf16(), 128, 1, 64, False).prefetches_l2()
+    assert not prefetching(cutlass_bf16(), 128, 1, 1, False).prefetches_l2()  # cp.async gather: no TMA
+    assert not MLADecode2WG(cutlass_bf16(), 128, 1, 64, False).prefetches_l2()
