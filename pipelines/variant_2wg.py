@@ -64,9 +64,9 @@ class MLADecode2WG(MLADecodeBase):
         wg = tidx // 128
         wg_tidx = tidx % 128
         # V^T halves viewed in place from the K stages (MN-major B operand, no copy).
-        sV_layout = layouts.v_view_layout(sK.layout, HALF, BLOCK_N, HEAD_DIM, self.kv_stages)
+        sV_layout = layouts.v_view_layout(sK.layout, HALF, self.block_n, HEAD_DIM, self.kv_stages)
         sV0 = cute.make_tensor(sK.iterator, sV_layout)
-        sV1 = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
+        sV1 = cute.make_tensor(sK.iterator + HALF * self.block_n, sV_layout)
         s_row_scale = storage.row_scale.get_tensor(cute.make_layout(BLOCK_M))
         s_row_inv = storage.row_inv.get_tensor(cute.make_layout(BLOCK_M))
 
@@ -86,18 +86,10 @@ class MLADecode2WG(MLADecodeBase):
     def wg0_qk_softmax_pv(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0, s_row_scale,
                           s_row_inv, pipe_q, pipe_k, scale_log2, storage):
-        mma_qk, mma_pv_rs, _ = self.tiled_mmas()
+        mma_qk, mma_pv_rs, thr_qk, thr_pv, tSrQ, tSrK, tOrV, tPsP, tScS = self.wg0_fragments(wg_tidx, sQ, sK, sP, sV0)
+        n_rows_thr = cute.size(tScS, mode=[0])
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        thr_qk = mma_qk.get_slice(wg_tidx)
-        thr_pv = mma_pv_rs.get_slice(wg_tidx)
-        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
-        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
-        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV0))
-        tPsP = thr_qk.partition_C(sP)
-        cS = cute.make_identity_tensor((BLOCK_M, BLOCK_N))
-        tScS = layouts.acc_mn_view(thr_qk.partition_C(cS))
-        n_rows_thr = cute.size(tScS, mode=[0])
 
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
@@ -108,7 +100,7 @@ class MLADecode2WG(MLADecodeBase):
             pipe_q.consumer_wait(q_state)
             for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
                 self.loader.consumer_wait(pipe_k, k_state)
-                acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
+                acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, self.block_n)), Float32)
                 warpgroup.fence()
                 for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
                     mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
@@ -120,18 +112,11 @@ class MLADecode2WG(MLADecodeBase):
 
                 rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
                 rP.store(acc_s.load().to(self.dtype))
-                # Hand P and the factors to WG1 once it is done with the previous tile's P.
-                cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-                cute.autovec_copy(rP, tPsP)
-                if wg_tidx % 4 == 0:
-                    for i in cutlass.range_constexpr(n_rows_thr):
-                        s_row_scale[tScS[i, 0][0]] = row_scale[i]
-                cute.arch.fence_view_async_shared()  # P is read by WG1's wgmma (async proxy)
-                cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
+                self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
 
                 softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-                valid = seqlen - blk * BLOCK_N
-                if valid < BLOCK_N:
+                valid = seqlen - blk * self.block_n
+                if valid < self.block_n:
                     self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
                 warpgroup.fence()
                 tOrP = layouts.acc_as_a_operand(rP)
@@ -148,20 +133,59 @@ class MLADecode2WG(MLADecodeBase):
             pipe_q.consumer_release(q_state)
             q_state.advance()
 
-            row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
-            row_lse = cute.make_rmem_tensor(n_rows_thr, Float32)
-            softmax.finalize_rows(row_max, row_sum, row_inv, row_lse, scale_log2, self.empty_row_lse(is_split))
-            cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-            if wg_tidx % 4 == 0:
-                for i in cutlass.range_constexpr(n_rows_thr):
-                    s_row_inv[tScS[i, 0][0]] = row_inv[i]
-            cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
-            self.store_chunk(acc_o, mma_pv_rs, wg_tidx, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head, r,
-                             is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
-        # Pairs WG1's last P_EMPTY arrive so no arrival is left pending at exit.
+            self.wg0_store_chunk(wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, mma_pv_rs, row_max,
+                                 row_sum, tScS, s_row_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage)
+        self.wg0_exit(begin_req, end_req)
+
+    @cute.jit
+    def wg0_fragments(self, wg_tidx, sQ, sK, sP, sV0):
+        """WG0's MMA objects (QK; P.V with P from registers), their thread slices and its operand views:
+        Q and K for QK, V's left half for P.V, P's smem tile as QK's C fragment, the score coordinates."""
+        mma_qk, mma_pv_rs, _ = self.tiled_mmas()
+        thr_qk = mma_qk.get_slice(wg_tidx)
+        thr_pv = mma_pv_rs.get_slice(wg_tidx)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV0))
+        tPsP = thr_qk.partition_C(sP)
+        tScS = layouts.acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((BLOCK_M, self.block_n))))
+        return mma_qk, mma_pv_rs, thr_qk, thr_pv, tSrQ, tSrK, tOrV, tPsP, tScS
+
+    @cute.jit
+    def hand_p_to_wg1(self, rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx):
+        """P (16-bit registers) and the rows' rescale factors to WG1 through smem, once WG1 is done with
+        the previous tile's P (P_EMPTY), then P_FULL."""
+        cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+        cute.autovec_copy(rP, tPsP)
+        if wg_tidx % 4 == 0:
+            for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
+                s_row_scale[tScS[i, 0][0]] = row_scale[i]
+        cute.arch.fence_view_async_shared()  # P is read by WG1's wgmma (async proxy)
+        cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
+
+    @cute.jit
+    def wg0_store_chunk(self, wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, mma_pv, row_max, row_sum,
+                        tScS, s_row_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage):
+        """WG0 at the end of a chunk: 1/rowsum to WG1 (P_EMPTY / P_FULL), its half of O stored (with lse)."""
+        n_rows_thr = cute.size(tScS, mode=[0])
+        row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
+        row_lse = cute.make_rmem_tensor(n_rows_thr, Float32)
+        softmax.finalize_rows(row_max, row_sum, row_inv, row_lse, scale_log2, self.empty_row_lse(is_split))
+        cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+        if wg_tidx % 4 == 0:
+            for i in cutlass.range_constexpr(n_rows_thr):
+                s_row_inv[tScS[i, 0][0]] = row_inv[i]
+        cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
+        self.store_chunk(acc_o, mma_pv, wg_tidx, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head, r,
+                         is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
+
+    @cute.jit
+    def wg0_exit(self, begin_req, end_req):
+        """Pairs WG1's last P_EMPTY arrive so no arrival is left pending at exit; a CTA with no work
+        arrives on the exit's cluster barrier here (its loop did not)."""
         cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
         if const_expr(self.arrives_early()):
-            if begin_req > end_req:  # no work: the loop did not arrive
+            if begin_req > end_req:
                 cute.arch.cluster_arrive()
 
     # ------------------------------------------------------------------ WG1
@@ -198,6 +222,7 @@ class MLADecode2WG(MLADecodeBase):
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
+            start, stop = self.tile_range(seqlen, start, stop)
             if prefetched == 0:
                 q_prod, k_prod = self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod,
                                                       tma_k, mK, sK, mBlockTable, pipe_k, k_prod, m_block, kv_head,
@@ -227,8 +252,8 @@ class MLADecode2WG(MLADecodeBase):
                     row_scale[i] = s_row_scale[tOcO[i, 0][0]]
                 softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
                 self.loader.consumer_wait(pipe_k, k_state)
-                valid = seqlen - blk * BLOCK_N
-                if valid < BLOCK_N:
+                valid = seqlen - blk * self.block_n
+                if valid < self.block_n:
                     self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
                 warpgroup.fence()
                 for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
@@ -272,6 +297,7 @@ class MLADecode2WG(MLADecodeBase):
                 if r < end_req:
                     n_seqlen, _, n_start, n_stop, _, _ = self.chunk_bounds(
                         r + 1, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
+                    n_start, n_stop = self.tile_range(n_seqlen, n_start, n_stop)
                     q_prod, k_prod = self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod,
                                                           tma_k, mK, sK, mBlockTable, pipe_k, k_prod, m_block,
                                                           kv_head, r + 1, n_start, n_stop, n_seqlen, wg_tidx)
@@ -302,6 +328,16 @@ class MLADecode2WG(MLADecodeBase):
                         page = self.loader.page_id(mBlockTable, r, ahead, seqlen, wg_tidx)
                         self.loader.prefetch_tile(tma_k, mK, sK, ahead, kv_head, page, wg_tidx)
         return q_prod, k_prod
+
+    @cute.jit
+    def tile_range(self, seqlen, start, stop):
+        """A chunk's range of K tiles (``block_n`` tokens) from its range of plan blocks (64 tokens,
+        ``chunk_bounds``): the same range for 64-token tiles; a variant with smaller tiles splits each
+        block and drops the tiles past the request's end."""
+        if const_expr(self.block_n == BLOCK_N):
+            return start, stop
+        per_block = BLOCK_N // self.block_n
+        return start * per_block, cutlass.min(stop * per_block, (seqlen + self.block_n - 1) // self.block_n)
 
     def prefetches_l2(self) -> bool:
         """Whether the K producers prefetch tiles into L2 (``l2_prefetch_ahead``; TMA pages only)."""

@@ -203,3 +203,39 @@ def test_l2_prefetch_is_off_by_default_and_prefetches_k_boxes_when_set():
     assert prefetching(cutlass_bf16(), 128, 1, 64, False).prefetches_l2()
     assert not prefetching(cutlass_bf16(), 128, 1, 1, False).prefetches_l2()  # cp.async gather: no TMA
     assert not MLADecode2WG(cutlass_bf16(), 128, 1, 64, False).prefetches_l2()
+
+
+@pytest.mark.skipif(compile_check.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
+@pytest.mark.parametrize("h_q, s_q, page_size", [(128, 1, 64), (64, 2, 16), (16, 1, 1)])
+def test_overlap_kernel_compiles_with_its_promises(h_q, s_q, page_size):
+    """The experimental ``variant_2wg_overlap`` (not a registered variant, so not in compile_check's
+    list): its decode entry compiles for sm_90a with wgmma not serialized (it keeps no wgmma in flight
+    across a branch or an iteration), no spills, multicast in a cluster and cp.async at page 1."""
+    import tempfile
+
+    import cutlass.cute as cute
+
+    from pipelines.launch import DecodeConfig, DecodeEntry, entry_args
+    from pipelines.variant_2wg_overlap import MLADecode2WGOverlap
+
+    conf = DecodeConfig.make("2wg", "bfloat16", h_q, s_q, page_size, s_q > 1)
+    entry = DecodeEntry(conf)
+    d = entry.decode
+    entry.decode = MLADecode2WGOverlap(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv, multicast=d.cluster > 1)
+    assert entry.decode.block_n == 32 and entry.decode.kv_stages == 4
+    with tempfile.TemporaryDirectory() as dump:
+        fn = cute.compile(entry, *entry_args(conf), options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump}")
+        sass = compile_check.disassemble(compile_check.find_nvdisasm(), fn.artifacts.CUBIN, dump)
+    counts = compile_check.count_sass(sass)
+    need = ["HGMMA", "UTMALDG"] + (["UTMALDG_MULTICAST"] if entry.decode.cluster > 1 else []) \
+        + (["LDGSTS"] if page_size == 1 else [])
+    assert compile_check.check_promises(counts, tuple(need), ("LDL", "STL")) == [], counts
+
+
+def test_overlap_kernel_refuses_split_clusters():
+    import cutlass
+
+    from pipelines.variant_2wg_overlap import MLADecode2WGOverlap
+
+    with pytest.raises(ValueError, match="split clusters"):
+        MLADecode2WGOverlap(cutlass.BFloat16, 16, 1, 64, False, split_cluster=4)
