@@ -17,6 +17,10 @@ WG0, per tile t (QK 64x32x576, P.V 64x256x32):
 The chunk's first tile has no P.V before it, its last P.V none after it. Nothing is in flight across a
 loop iteration or a branch (ptxas serializes every wgmma otherwise: info C7520).
 WG1: ``variant_2wg``'s role on 32-token tiles (P.V of the right half with P from smem, the loads).
+With ``defer_pv_r`` (a class constant, off; ``scripts/entry_ab.py`` mode ``2wg-overlap-defer``) WG1
+issues its P.V of t-1 only once WG0 has issued QK(t) and P.V(t-1), so both P.V halves run beside the
+softmax of t and QK(t) is not queued behind WG1's P.V; the stage of t-1 is then released later, which
+four stages may afford (two 64-token stages did not).
 
 Limits: no split clusters (``split_cluster`` must be 1). Everything else (page sizes, multicast
 clusters, h_kv, causal s_q, split plans and their merge) is the skeleton's, as in ``variant_2wg``; the
@@ -32,7 +36,7 @@ from cutlass.cute.nvgpu import warpgroup
 
 from pipelines import layouts, softmax
 from pipelines.skeleton import BLOCK_M, HEAD_DIM_V
-from pipelines.variant_2wg import BAR_WG0, MLADecode2WG
+from pipelines.variant_2wg import BAR_QK_ISSUED, BAR_WG0, MLADecode2WG
 
 HALF = HEAD_DIM_V // 2
 
@@ -121,6 +125,8 @@ class MLADecode2WGOverlap(MLADecode2WG):
                 k_rd.advance()
                 self.issue_qk(acc_s, tSrQ, tSrK, stage)
                 self.issue_pv(acc_o, rP, tOrV, k_rel.index)
+                if const_expr(self.defer_pv_r):
+                    cute.arch.barrier_arrive(barrier_id=BAR_QK_ISSUED, number_of_threads=256)
                 warpgroup.wait_group(1)  # S(blk)
                 self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
                 warpgroup.wait_group(0)  # the previous tile's P.V: its stage, P registers and O_L are free

@@ -45,6 +45,7 @@ MODES = {
     "2wg-no-hint": ("2wg", _sub(MLADecode2WG, kv_l2_hint=None), True),
     "2wg-l2-prefetch": ("2wg", _sub(MLADecode2WG, l2_prefetch_ahead=2), True),  # K tiles into L2 two ahead
     "2wg-overlap": ("2wg", MLADecode2WGOverlap, False),  # 32-token tiles, softmax beside P.V (experimental)
+    "2wg-overlap-defer": ("2wg", _sub(MLADecode2WGOverlap, defer_pv_r=True), False),  # and WG1's P.V after QK
     "2wg-evict-first": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_first"), True),
     "2wg-evict-last": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_last"), True),
     "3wg": ("3wg", None, False),

@@ -239,3 +239,18 @@ def test_overlap_kernel_refuses_split_clusters():
 
     with pytest.raises(ValueError, match="split clusters"):
         MLADecode2WGOverlap(cutlass.BFloat16, 16, 1, 64, False, split_cluster=4)
+
+
+def test_defer_pv_r_needs_the_overlap_wg0():
+    """``defer_pv_r`` makes WG1 wait for WG0's BAR_QK_ISSUED, which only the overlap kernel's WG0 arrives
+    on: on 2wg's own WG0 it is refused (it would wait forever), on the overlap kernel it is accepted."""
+    import cutlass
+
+    from pipelines.variant_2wg import MLADecode2WG
+    from pipelines.variant_2wg_overlap import MLADecode2WGOverlap
+
+    bf = cutlass.BFloat16
+    with pytest.raises(ValueError, match="BAR_QK_ISSUED"):
+        type("Deferred2WG", (MLADecode2WG,), {"defer_pv_r": True})(bf, 16, 1, 64, False)
+    assert type("DeferredOverlap", (MLADecode2WGOverlap,), {"defer_pv_r": True})(bf, 16, 1, 64, False).defer_pv_r
+    assert not MLADecode2WG.defer_pv_r and not MLADecode2WGOverlap.defer_pv_r

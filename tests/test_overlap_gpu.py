@@ -38,24 +38,28 @@ def _ids():
             for c in CASES]
 
 
-def _overlap_entry(conf):
-    """The decode entry of ``conf`` (a 2wg configuration) with the overlap kernel, compiled once."""
-    if conf not in _COMPILED:
+def _overlap_entry(conf, defer_pv_r: bool):
+    """The decode entry of ``conf`` (a 2wg configuration) with the overlap kernel (WG1's P.V deferred or
+    not), compiled once."""
+    key = (conf, defer_pv_r)
+    if key not in _COMPILED:
         import cutlass.cute as cute
 
         from pipelines.launch import TVM_FFI_OPTION, DecodeEntry, entry_args
         from pipelines.variant_2wg_overlap import MLADecode2WGOverlap
 
+        cls = type("Overlap", (MLADecode2WGOverlap,), {"defer_pv_r": defer_pv_r})
         entry = DecodeEntry(conf)
         d = entry.decode
-        entry.decode = MLADecode2WGOverlap(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv,
-                                           multicast=d.cluster > 1, split_cluster=d.split_cluster)
-        _COMPILED[conf] = cute.compile(entry, *entry_args(conf), options=TVM_FFI_OPTION)
-    return _COMPILED[conf]
+        entry.decode = cls(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv, multicast=d.cluster > 1,
+                           split_cluster=d.split_cluster)
+        _COMPILED[key] = cute.compile(entry, *entry_args(conf), options=TVM_FFI_OPTION)
+    return _COMPILED[key]
 
 
+@pytest.mark.parametrize("defer_pv_r", [False, True], ids=["overlap", "overlap-defer"])
 @pytest.mark.parametrize("case", CASES, ids=_ids())
-def test_overlap_kernel_matches_reference(case):
+def test_overlap_kernel_matches_reference(case, defer_pv_r):
     import mla
     import pipelines
     from mla.reference import compare_to_reference, mla_decode_reference
@@ -73,7 +77,7 @@ def test_overlap_kernel_matches_reference(case):
     lse = torch.full((b, h_q, s_q), float("nan"), dtype=torch.float32, device="cuda")
     workspace = torch.empty(pipelines.workspace_numel(b, meta.shape[0], s_q * h_q), dtype=torch.float32,
                             device="cuda")
-    _overlap_entry(conf)(p.q, p.k_cache, p.block_table, p.cache_seqlens, meta, num_splits, out, lse, workspace,
+    _overlap_entry(conf, defer_pv_r)(p.q, p.k_cache, p.block_table, p.cache_seqlens, meta, num_splits, out, lse, workspace,
                          576 ** -0.5)
     torch.cuda.synchronize()
     ref_out, ref_lse = mla_decode_reference(p.q, p.k_cache, p.block_table, p.cache_seqlens, causal=causal)
