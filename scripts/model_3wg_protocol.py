@@ -291,11 +291,16 @@ class Sim:
             yield ("step",)
 
     # ---------------------------------------------------------------- scheduler
-    def run(self, max_steps=200000):
+    def make_actors(self) -> dict:
+        """The warps of the modelled kernel: name -> generator (a subclass models another kernel)."""
         actors = {"producer": self.producer()}
         for w in range(WG_WARPS):
             actors[f"WG1.w{w}"] = self.wg1_warp(w)
             actors[f"WG2.w{w}"] = self.wg2_warp(w)
+        return actors
+
+    def run(self, max_steps=200000):
+        actors = self.make_actors()
         blocked = {a: None for a in actors}  # actor -> op it waits on (None: runnable)
         alive = set(actors)
 
