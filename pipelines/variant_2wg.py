@@ -244,10 +244,11 @@ class MLADecode2WG(MLADecodeBase):
             acc_o_mn = layouts.acc_mn_view(acc_o)
             row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
             for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
-                ahead = blk + (self.kv_stages + self.l2_prefetch_ahead) * self.split_cluster
-                ahead_page = Int32(0)
                 if const_expr(self.prefetches_l2()):
-                    # Like next_page: read now, used after the stage's refill below.
+                    # The tile to prefetch and this warp's page id of it, read now like next_page and
+                    # used after the stage's refill below.
+                    ahead = blk + (self.kv_stages + self.l2_prefetch_ahead) * self.split_cluster
+                    ahead_page = Int32(0)
                     if is_k_producer:
                         ahead_page = self.loader.page_id(mBlockTable, r, ahead, seqlen, wg_tidx)
                 if const_expr(self.loader.prefetches_page()):
