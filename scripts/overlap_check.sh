@@ -18,6 +18,7 @@ step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
 nvidia-smi --query-gpu=name --format=csv,noheader
 step tests 300 python -m pytest -m gpu -q -p no:cacheprovider tests/test_overlap_gpu.py || fail=1
 sel="b6-sq1-h128 or b3-sq4-h128 or p16 or p1-"
+export MLA_OVERLAP_TEST_LIMIT_S=100  # the test's hang guard, longer under the sanitizers
 for tool in memcheck synccheck; do
   step "$tool" 120 compute-sanitizer --tool "$tool" --error-exitcode 1 \
     python -m pytest -m gpu -q -p no:cacheprovider tests/test_overlap_gpu.py -k "$sel" || fail=1
