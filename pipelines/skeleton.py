@@ -309,6 +309,32 @@ class MLADecodeBase:
             (1, 1, 1), (BLOCK_M, HEAD_DIM_V // 2))
         return mma_qk, mma_pv_rs, mma_pv_ss
 
+    @cute.jit
+    def issue_qk(self, acc_s, tSrQ, tSrK, stage):
+        """S = Q.K^T of the K tile in ``stage``, issued and committed as one wgmma group (not waited
+        for; the caller waited for the tile). A fresh MMA object: the ACCUMULATE state set here inside
+        a caller's branch or loop must not escape it."""
+        mma_qk, _, _ = self.tiled_mmas()
+        # A barrier wait is a loop (a branch) before the wgmma chain: the fence comes after it.
+        warpgroup.fence()
+        for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+            mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+            cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def issue_pv(self, acc_o, tOrP, tOrV, stage, p_in_registers: cutlass.Constexpr[bool] = False):
+        """O += P.V of the K tile in ``stage`` for one warpgroup's 256 columns, issued and committed as
+        one wgmma group: P from smem (SS), or with ``p_in_registers`` from registers (RS, ``tOrP`` an
+        A-operand view of them). A fresh MMA object, as in ``issue_qk``."""
+        _, mma_rs, mma_ss = self.tiled_mmas()
+        tiled_mma = mma_rs if const_expr(p_in_registers) else mma_ss
+        warpgroup.fence()
+        for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
+            cute.gemm(tiled_mma, acc_o, tOrP[None, None, k], tOrV[None, None, k, stage], acc_o)
+        warpgroup.commit_group()
+
     # ------------------------------------------------------- chunk helpers
     @cute.jit
     def work_list(self, mMeta: cute.Tensor):

@@ -52,30 +52,6 @@ class MLADecode2WGOverlap(MLADecode2WG):
         super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, multicast, split_cluster)
 
     @cute.jit
-    def issue_qk(self, acc_s, tSrQ, tSrK, stage):
-        """Issue and commit S = Q.K^T of the tile in ``stage`` into ``acc_s`` (the caller waited for the
-        tile and waits for the result). Its own MMA object: an accumulate flag set inside the caller's
-        loop must not escape it."""
-        mma_qk, _, _ = self.tiled_mmas()
-        # A barrier wait is a loop (a branch) before the wgmma chain: the fence comes after it.
-        warpgroup.fence()
-        for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-            mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-            cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
-        warpgroup.commit_group()
-
-    @cute.jit
-    def issue_pv(self, acc_o, rP, tOrV, stage):
-        """Issue and commit O_L += P.V_L of the tile in ``stage`` (P from registers, RS wgmma)."""
-        _, mma_pv, _ = self.tiled_mmas()
-        warpgroup.fence()
-        tOrP = layouts.acc_as_a_operand(rP)
-        for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-            mma_pv.set(warpgroup.Field.ACCUMULATE, True)
-            cute.gemm(mma_pv, acc_o, tOrP[None, None, k], tOrV[None, None, k, stage], acc_o)
-        warpgroup.commit_group()
-
-    @cute.jit
     def hand_off(self, blk, seqlen, acc_s, rP, tPsP, tScS, row_scale, s_row_scale, acc_o_mn, sK, stage, wg_tidx):
         """After the softmax of tile ``blk`` and once no P.V is in flight: P to bf16 registers (the A
         operand of the next P.V) and to smem with the factors for WG1 (P_EMPTY / P_FULL), O_L moved to the
@@ -124,7 +100,7 @@ class MLADecode2WGOverlap(MLADecode2WG):
                 stage = k_rd.index
                 k_rd.advance()
                 self.issue_qk(acc_s, tSrQ, tSrK, stage)
-                self.issue_pv(acc_o, rP, tOrV, k_rel.index)
+                self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_rel.index, p_in_registers=True)
                 if const_expr(self.defer_pv_r):
                     cute.arch.barrier_arrive(barrier_id=BAR_QK_ISSUED, number_of_threads=256)
                 warpgroup.wait_group(1)  # S(blk)
@@ -135,7 +111,7 @@ class MLADecode2WGOverlap(MLADecode2WG):
                 self.hand_off(blk, seqlen, acc_s, rP, tPsP, tScS, row_scale, s_row_scale, acc_o_mn, sK,
                               k_rel.index, wg_tidx)
             if start < stop:  # the chunk's last P.V
-                self.issue_pv(acc_o, rP, tOrV, k_rel.index)
+                self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_rel.index, p_in_registers=True)
                 warpgroup.wait_group(0)
                 self.loader.consumer_release(pipe_k, k_rel)
                 k_rel.advance()

@@ -207,26 +207,6 @@ class MLADecode3WG(MLADecodeBase):
 
     # ------------------------------------------------------------ consumers
     @cute.jit
-    def issue_qk(self, acc_s, tSrQ, tSrK, stage):
-        """S = Q.K^T of one stage, issued and committed as one wgmma group (not waited for)."""
-        mma_qk, _, _ = self.tiled_mmas()  # a fresh atom: its ACCUMULATE state is set inside this branch
-        warpgroup.fence()
-        for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-            mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-            cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
-        warpgroup.commit_group()
-
-    @cute.jit
-    def issue_pv(self, acc_o, tOrP, tOrV, stage):
-        """O += P.V for this consumer's 256 columns, P from smem, issued and committed as one group."""
-        _, _, tiled_mma = self.tiled_mmas()  # fresh, as in issue_qk
-        warpgroup.fence()
-        for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-            tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
-            cute.gemm(tiled_mma, acc_o, tOrP[None, None, k], tOrV[None, None, k, stage], acc_o)
-        warpgroup.commit_group()
-
-    @cute.jit
     def hand_off_p(self, rP, tPsP, row_scale, s_row_scale, tScS, wg_tidx):
         """WG1 -> WG2: P (bf16) and the row factors into smem, once WG2 is done with the previous P."""
         pipeline.NamedBarrier(barrier_id=int(Bar.P_EMPTY), num_threads=CONSUMER_THREADS).arrive_and_wait()
