@@ -59,6 +59,7 @@ class Sim2WG(base.Sim):
             self.content[("rP", w)] = None  # WG0 warp w's P registers (the A operand of its RS P.V)
         self.readers = {k: set() for k in self.content}
         self.wgmma_log = {0: [], 1: []}
+        self.seqlen = {r: seqlen for r, _, _, seqlen in chunks}
 
     def wgmma(self, actor, wg, kind, operands):
         """As the base model, but a warp's own registers (``("rP", w)``) count as one operand name when
@@ -222,9 +223,6 @@ class Sim2WG(base.Sim):
                 prefetched = True
             yield ("step",)  # store_chunk
 
-    @property
-    def seqlen(self):
-        return {r: seqlen for r, _, _, seqlen in self.chunks}
 
 
 def chunk_list(spec, tile: int):
