@@ -29,7 +29,6 @@ BAR_P_FULL = 1
 BAR_P_EMPTY = 2
 BAR_WG0 = 3
 BAR_WG1 = 4
-BAR_QK_ISSUED = 5  # defer_pv_r: WG0 -> WG1, the next tile's QK (and WG0's P.V) are issued
 HALF = HEAD_DIM_V // 2
 
 
@@ -57,17 +56,6 @@ class MLADecode2WG(MLADecodeBase):
     # (docs/perf-notes.md, twelfth session). This form reads the page id a tile early, like the loads'.
     # A class constant like kv_l2_hint (an A/B sets it on a subclass: scripts/entry_ab.py).
     l2_prefetch_ahead = 0
-    # WG1 issues its P.V of tile t only once WG0 has issued its wgmma of the next step (BAR_QK_ISSUED).
-    # Off here: with two 64-token stages the later release costs more than it gains (docs/perf-notes.md,
-    # twelfth session). For schedules that issue QK of t+1 before their P.V of t (variant_2wg_overlap).
-    defer_pv_r = False
-
-    def __init__(self, *args, **kwargs):
-        if self.defer_pv_r and type(self).wg0_qk_softmax_pv is MLADecode2WG.wg0_qk_softmax_pv:
-            # This class's WG0 never arrives on BAR_QK_ISSUED: WG1 would wait for it forever.
-            raise ValueError("defer_pv_r needs a WG0 that arrives on BAR_QK_ISSUED (variant_2wg_overlap)")
-        super().__init__(*args, **kwargs)
-
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
                         mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
@@ -267,11 +255,6 @@ class MLADecode2WG(MLADecodeBase):
                 valid = seqlen - blk * self.block_n
                 if valid < self.block_n:
                     self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
-                if const_expr(self.defer_pv_r):
-                    # Issued behind WG0's QK of the next tile (BAR_QK_ISSUED), so that it runs beside
-                    # WG0's softmax of that tile instead of ahead of its QK.
-                    if blk + self.split_cluster < stop:
-                        cute.arch.barrier(barrier_id=BAR_QK_ISSUED, number_of_threads=256)
                 warpgroup.fence()
                 for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
                     mma_pv_ss.set(warpgroup.Field.ACCUMULATE, True)

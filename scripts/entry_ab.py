@@ -29,7 +29,6 @@ CONFIGS = ((64, 128, 1, 128, 4096), (64, 128, 2, 128, 4096), (64, 128, 1, 128, 1
 from pipelines import paged_kv  # noqa: E402,F401  (first: it pins the DSL's target arch)
 from pipelines.launch import DecodeEntry  # noqa: E402
 from pipelines.variant_2wg import MLADecode2WG  # noqa: E402
-from pipelines.variant_2wg_overlap import MLADecode2WGOverlap  # noqa: E402
 from pipelines.variant_seesaw import MLADecodeSeesaw  # noqa: E402
 
 import cutlass.cute as cute  # noqa: E402
@@ -44,8 +43,6 @@ MODES = {
     "2wg": ("2wg", None, True),  # the library's 2wg (K loads evict_first)
     "2wg-no-hint": ("2wg", _sub(MLADecode2WG, kv_l2_hint=None), True),
     "2wg-l2-prefetch": ("2wg", _sub(MLADecode2WG, l2_prefetch_ahead=2), True),  # K tiles into L2 two ahead
-    "2wg-overlap": ("2wg", MLADecode2WGOverlap, False),  # 32-token tiles, softmax beside P.V (experimental)
-    "2wg-overlap-defer": ("2wg", _sub(MLADecode2WGOverlap, defer_pv_r=True), False),  # and WG1's P.V after QK
     "2wg-evict-first": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_first"), True),
     "2wg-evict-last": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_last"), True),
     "3wg": ("3wg", None, False),

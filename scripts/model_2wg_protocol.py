@@ -1,7 +1,9 @@
 """Pure-Python model of the 2wg kernels' synchronisation protocol (no GPU, no DSL): the committed 2wg
-(``pipelines/variant_2wg.py``, two 64-token stages) and the experimental overlap kernel
-(``pipelines/variant_2wg_overlap.py``, four 32-token stages, QK(t) and P.V(t-1) issued together,
-optionally WG1's P.V deferred behind them: ``defer_pv_r``).
+(``pipelines/variant_2wg.py``, two 64-token stages) and the overlap schedule (four 32-token stages,
+QK(t) and P.V(t-1) issued together, optionally WG1's P.V deferred behind them: ``defer_pv_r``). The
+overlap kernel was correct on an H100 but 1.26-1.41x slower than 2wg on the compute-bound rows and was
+removed (docs/perf-notes.md, thirteenth session; its code is in git history at 1611a37); its forms stay
+here as models of a candidate schedule.
 
     python scripts/model_2wg_protocol.py [--runs N] [--seed S]
 
@@ -31,7 +33,7 @@ _spec.loader.exec_module(base)
 ProtocolError = base.ProtocolError
 
 WG_WARPS = 4
-P_FULL, P_EMPTY, WG0_BAR, WG1_BAR, QK_ISSUED = 1, 2, 3, 4, 5  # the barrier ids of variant_2wg
+P_FULL, P_EMPTY, WG0_BAR, WG1_BAR, QK_ISSUED = 1, 2, 3, 4, 5  # variant_2wg's ids (5: the overlap schedule's)
 
 FORMS = {
     # name: (tile tokens, stages, WG0 schedule, defer_pv_r)

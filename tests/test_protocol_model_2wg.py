@@ -1,5 +1,5 @@
 """scripts/model_2wg_protocol.py: the pure-Python model of the 2wg kernels' barrier protocol (the
-committed 2wg and the experimental overlap kernel, with and without WG1's deferred P.V).
+committed 2wg and the overlap schedule, with and without WG1's deferred P.V).
 
 Every real form must pass every scenario under random schedules; two forms broken on purpose (a
 deferred WG1 behind a WG0 that never signals it; an overlap WG0 writing P before the previous P.V
