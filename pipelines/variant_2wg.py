@@ -56,6 +56,17 @@ class MLADecode2WG(MLADecodeBase):
     # (docs/perf-notes.md, twelfth session). This form reads the page id a tile early, like the loads'.
     # A class constant like kv_l2_hint (an A/B sets it on a subclass: scripts/entry_ab.py).
     l2_prefetch_ahead = 0
+    # Short chunks: when a chunk has at most this many K tiles, the K producer warps prefetch all of its
+    # tiles after the first kv_stages into L2 when they issue the chunk's first loads (``load_chunk_head``),
+    # so a chunk of a few tiles pays the HBM latency about once instead of once per refill (the
+    # latency-bound rows: few requests, or many parts). Longer chunks are streamed as before (a CTA
+    # working through many tiles is limited by bandwidth or by its math, where earlier prefetch forms
+    # cost up to 6%, and prefetching whole 16-tile chunks cost up to 19%: 132 CTAs x 14 tiles x 72 KB is
+    # more than L2 holds; at 8 tiles the grid's largest footprint is 28 MB). Measured on an H100 (paired
+    # A/B against 0, docs/perf-notes.md, thirteenth session): 0.96 at b8 s1 h64 4096, 0.975 at b8 s1 h16
+    # 4096, 0.98-0.99 at b32 1024 keys and b1 s2 h128 4096, 0.98-1.003 on the 13 other configs measured.
+    # 0: off. A class constant (the kernel cache keys on the sources).
+    l2_prefetch_chunk_tiles = 8
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
                         mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
@@ -320,6 +331,22 @@ class MLADecode2WG(MLADecodeBase):
                                       self.split_cluster, unroll=1):
                 self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx)
                 k_prod.advance()
+            if const_expr(self.prefetches_short_chunks()):
+                # Every tile after the first kv_stages, if the chunk is short and has any: the page ids
+                # first (``page_id`` clamps to the request's last page, so all are safe to read once the
+                # request has a tile past the first kv_stages; a zero-length request has no page, so the
+                # chunk must not be empty), then the prefetches.
+                first = start + self.kv_stages * self.split_cluster
+                if stop > first and stop - start <= self.l2_prefetch_chunk_tiles * self.split_cluster:
+                    n_rest = self.l2_prefetch_chunk_tiles - self.kv_stages
+                    pages = cute.make_rmem_tensor(n_rest, Int32)
+                    for d in cutlass.range_constexpr(n_rest):
+                        pages[d] = self.loader.page_id(mBlockTable, r, first + d * self.split_cluster, seqlen,
+                                                       wg_tidx)
+                    for d in cutlass.range_constexpr(n_rest):
+                        if first + d * self.split_cluster < stop:
+                            self.loader.prefetch_tile(tma_k, mK, sK, first + d * self.split_cluster, kv_head,
+                                                      pages[d], wg_tidx)
             if const_expr(self.prefetches_l2()):
                 # The tiles after the first kv_stages up to the distance; the tile loop prefetches the rest.
                 for d in cutlass.range_constexpr(self.l2_prefetch_ahead):
@@ -338,6 +365,10 @@ class MLADecode2WG(MLADecodeBase):
             return start, stop
         per_block = BLOCK_N // self.block_n
         return start * per_block, cutlass.min(stop * per_block, (seqlen + self.block_n - 1) // self.block_n)
+
+    def prefetches_short_chunks(self) -> bool:
+        """Whether short chunks are prefetched into L2 whole (``l2_prefetch_chunk_tiles``; TMA pages only)."""
+        return self.l2_prefetch_chunk_tiles > self.kv_stages and paged_kv.uses_tma(self.page_size)
 
     def prefetches_l2(self) -> bool:
         """Whether the K producers prefetch tiles into L2 (``l2_prefetch_ahead``; TMA pages only)."""

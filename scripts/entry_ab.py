@@ -43,6 +43,9 @@ MODES = {
     "2wg": ("2wg", None, True),  # the library's 2wg (K loads evict_first)
     "2wg-no-hint": ("2wg", _sub(MLADecode2WG, kv_l2_hint=None), True),
     "2wg-l2-prefetch": ("2wg", _sub(MLADecode2WG, l2_prefetch_ahead=2), True),  # K tiles into L2 two ahead
+    "2wg-no-short": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=0), True),  # short chunks not prefetched
+    "2wg-l2-short6": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=6), True),  # chunks <= 6 tiles into L2
+    "2wg-l2-short16": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=16), True),
     "2wg-evict-first": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_first"), True),
     "2wg-evict-last": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_last"), True),
     "3wg": ("3wg", None, False),

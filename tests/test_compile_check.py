@@ -167,10 +167,13 @@ def cutlass_bf16():
     return cutlass.BFloat16
 
 
-def test_l2_prefetch_is_off_by_default_and_prefetches_k_boxes_when_set():
-    """``l2_prefetch_ahead`` (2wg, off by default): when set, the K producers issue TMA L2 prefetches
-    (``cp.async.bulk.prefetch.tensor...L2``) of K boxes, 9 per 576-wide box like the loads; none
-    without it, and none on a gather page size (no TMA)."""
+@pytest.mark.parametrize("attr, value, method", [("l2_prefetch_ahead", 2, "prefetches_l2"),
+                                                   ("l2_prefetch_chunk_tiles", 8, "prefetches_short_chunks")])
+def test_l2_prefetch_forms_issue_k_box_prefetches(attr, value, method):
+    """The 2wg L2 prefetch forms (``l2_prefetch_ahead``, off by default; ``l2_prefetch_chunk_tiles``, 8 by
+    default): a kernel with the form on issues TMA L2 prefetches (``cp.async.bulk.prefetch.tensor...L2``)
+    of K boxes, 9 per 576-wide box like the loads; with both forms off it issues none, and a gather page
+    size (no TMA) never prefetches."""
     import glob
     import os
     import re
@@ -181,15 +184,15 @@ def test_l2_prefetch_is_off_by_default_and_prefetches_k_boxes_when_set():
     from pipelines.launch import DecodeConfig, DecodeEntry, entry_args
     from pipelines.variant_2wg import MLADecode2WG
 
-    assert MLADecode2WG.l2_prefetch_ahead == 0
-    prefetching = type("Prefetch2WG", (MLADecode2WG,), {"l2_prefetch_ahead": 2})
+    assert (MLADecode2WG.l2_prefetch_ahead, MLADecode2WG.l2_prefetch_chunk_tiles) == (0, 8)
+    off = type("NoPrefetch2WG", (MLADecode2WG,), {"l2_prefetch_ahead": 0, "l2_prefetch_chunk_tiles": 0})
+    prefetching = type("Prefetch2WG", (off,), {attr: value})
     conf = DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False)  # a multicast cluster: each CTA its half
     ptx = {}
-    for name, cls in (("default", None), ("prefetch", prefetching)):
+    for name, cls in (("off", off), ("prefetch", prefetching)):
         entry = DecodeEntry(conf)
-        if cls is not None:
-            d = entry.decode
-            entry.decode = cls(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv, multicast=d.cluster > 1)
+        d = entry.decode
+        entry.decode = cls(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv, multicast=d.cluster > 1)
         with tempfile.TemporaryDirectory() as dump:
             fn = cute.compile(entry, *entry_args(conf), options=f"--gpu-arch sm_90a --keep-ptx --dump-dir {dump}")
             assert fn is not None
@@ -197,9 +200,9 @@ def test_l2_prefetch_is_off_by_default_and_prefetches_k_boxes_when_set():
             with open(path) as f:
                 ptx[name] = f.read()
     pattern = re.compile(r"cp\.async\.bulk\.prefetch\.tensor\S*L2")
-    assert not pattern.search(ptx["default"])
+    assert not pattern.search(ptx["off"])
     n = len(pattern.findall(ptx["prefetch"]))
     assert n > 0 and n % 9 == 0
-    assert prefetching(cutlass_bf16(), 128, 1, 64, False).prefetches_l2()
-    assert not prefetching(cutlass_bf16(), 128, 1, 1, False).prefetches_l2()  # cp.async gather: no TMA
-    assert not MLADecode2WG(cutlass_bf16(), 128, 1, 64, False).prefetches_l2()
+    assert getattr(prefetching(cutlass_bf16(), 128, 1, 64, False), method)()
+    assert not getattr(prefetching(cutlass_bf16(), 128, 1, 1, False), method)()  # cp.async gather: no TMA
+    assert not getattr(off(cutlass_bf16(), 128, 1, 64, False), method)()

@@ -30,6 +30,7 @@ CASES = [
     ([140, 20], 1, 64, False, torch.bfloat16),  # one full M tile, masked tail
     ([64], 1, 64, False, torch.bfloat16),  # exactly one tile, no tail
     ([20, 140, 4096, 0, 1, 63, 65], 1, 16, False, torch.bfloat16),  # varlen with zero length
+    ([0, 300, 0, 700], 1, 64, False, torch.bfloat16),  # zero lengths first: no block_table read for them
     ([4096] * 6, 1, 128, False, torch.bfloat16),
     ([140] * 2, 1, 32, False, torch.float16),
     ([140, 20], 1, 1, False, torch.bfloat16),
