@@ -30,6 +30,7 @@ from pipelines import paged_kv  # noqa: E402,F401  (first: it pins the DSL's tar
 from pipelines.launch import DecodeEntry  # noqa: E402
 from pipelines.variant_2wg import MLADecode2WG  # noqa: E402
 from pipelines.variant_seesaw import MLADecodeSeesaw  # noqa: E402
+from pipelines.variant_seesaw2 import MLADecodeSeesaw2  # noqa: E402
 
 import cutlass.cute as cute  # noqa: E402
 
@@ -51,6 +52,7 @@ MODES = {
     "3wg": ("3wg", None, False),
     "seesaw": ("seesaw", None, False),
     "seesaw-evict-first": ("seesaw", _sub(MLADecodeSeesaw, kv_l2_hint="evict_first"), False),
+    "seesaw2": ("2wg", MLADecodeSeesaw2, False),  # experimental: per-box K barriers, QK behind P.V, no cluster
 }
 
 

@@ -206,3 +206,41 @@ def test_l2_prefetch_forms_issue_k_box_prefetches(attr, value, method):
     assert getattr(prefetching(cutlass_bf16(), 128, 1, 64, False), method)()
     assert not getattr(prefetching(cutlass_bf16(), 128, 1, 1, False), method)()  # cp.async gather: no TMA
     assert not getattr(off(cutlass_bf16(), 128, 1, 64, False), method)()
+
+
+@pytest.mark.skipif(compile_check.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
+@pytest.mark.parametrize("h_q, s_q, page_size", [(128, 1, 64), (64, 2, 16), (16, 4, 128)])
+def test_seesaw2_kernel_compiles_with_its_promises(h_q, s_q, page_size):
+    """The experimental ``variant_seesaw2`` (not a registered variant, so not in compile_check's list):
+    its decode entry compiles for sm_90a with TMA loads and no multicast (it runs no cluster), no
+    spills, and wgmma not serialized (one wait per wgmma group at most, see compile_check)."""
+    import tempfile
+
+    import cutlass.cute as cute
+
+    from pipelines.launch import DecodeConfig, DecodeEntry, entry_args
+    from pipelines.variant_seesaw2 import MLADecodeSeesaw2
+
+    conf = DecodeConfig.make("2wg", "bfloat16", h_q, s_q, page_size, s_q > 1, 1, False)
+    entry = DecodeEntry(conf)
+    d = entry.decode
+    entry.decode = MLADecodeSeesaw2(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv, multicast=True)
+    assert entry.decode.cluster == 1
+    with tempfile.TemporaryDirectory() as dump:
+        fn = cute.compile(entry, *entry_args(conf), options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump}")
+        sass = compile_check.disassemble(compile_check.find_nvdisasm(), fn.artifacts.CUBIN, dump)
+    counts = compile_check.count_sass(sass)
+    assert compile_check.check_promises(counts, ("HGMMA", "UTMALDG"), ("LDL", "STL", "UTMALDG_MULTICAST")) == [], \
+        counts
+    assert counts["WGMMA_WAIT"] <= compile_check.MAX_WAITS_PER_HGMMA * counts["HGMMA"], counts
+
+
+def test_seesaw2_kernel_refuses_what_it_does_not_run():
+    import cutlass
+
+    from pipelines.variant_seesaw2 import MLADecodeSeesaw2
+
+    with pytest.raises(ValueError, match="split clusters"):
+        MLADecodeSeesaw2(cutlass.BFloat16, 16, 1, 64, False, split_cluster=4)
+    with pytest.raises(ValueError, match="TMA page sizes"):
+        MLADecodeSeesaw2(cutlass.BFloat16, 16, 1, 1, False)
