@@ -48,7 +48,7 @@ import enum
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass import Float32, Int32, const_expr
+from cutlass import Float32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
 from pipelines import layouts, softmax
@@ -138,6 +138,26 @@ class MLADecodeSeesaw(MLADecodeBase):
         warpgroup.wait_group(0)
 
     @cute.jit
+    def role_fragments(self, me: cutlass.Constexpr[int], wg_tidx, mma_qk, mma_rs, mma_ss, sQ, sK, sP, sP0, sV):
+        """Warpgroup ``me``'s operand views: Q and K for QK, its V half for the RS and SS P.V, the other
+        warpgroup's P as the SS A operand (P1, the skeleton's P tile, for WG0; P0, a stage's RoPE block,
+        for WG1, indexed by stage) and its own P as a C-shaped smem view to write."""
+        thr_qk = mma_qk.get_slice(wg_tidx)
+        thr_rs = mma_rs.get_slice(wg_tidx)
+        thr_ss = mma_ss.get_slice(wg_tidx)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+        tOrV_rs = thr_rs.make_fragment_B(thr_rs.partition_B(sV))
+        tOrV_ss = thr_ss.make_fragment_B(thr_ss.partition_B(sV))
+        if const_expr(me == 0):
+            tOrP_other = thr_ss.make_fragment_A(thr_ss.partition_A(sP))
+            tPsP_own = thr_qk.partition_C(sP0)
+        else:
+            tOrP_other = thr_ss.make_fragment_A(thr_ss.partition_A(sP0))
+            tPsP_own = thr_qk.partition_C(sP)
+        return thr_qk, thr_rs, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own
+
+    @cute.jit
     def role(self, me: cutlass.Constexpr[int], wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block,
              begin_split, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
              sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2):
@@ -154,21 +174,8 @@ class MLADecodeSeesaw(MLADecodeBase):
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
 
-        thr_qk = mma_qk.get_slice(wg_tidx)
-        thr_rs = mma_rs.get_slice(wg_tidx)
-        thr_ss = mma_ss.get_slice(wg_tidx)
-        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
-        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
-        tOrV_rs = thr_rs.make_fragment_B(thr_rs.partition_B(sV))
-        tOrV_ss = thr_ss.make_fragment_B(thr_ss.partition_B(sV))
-        # The other warpgroup's P as the A operand of the SS P.V: P1 (skeleton's P tile) for WG0, P0
-        # (RoPE block of a stage) for WG1. This warpgroup's own P as a C-shaped smem view to write.
-        if const_expr(me == 0):
-            tOrP_other = thr_ss.make_fragment_A(thr_ss.partition_A(sP))
-            tPsP_own = thr_qk.partition_C(sP0)
-        else:
-            tOrP_other = thr_ss.make_fragment_A(thr_ss.partition_A(sP0))
-            tPsP_own = thr_qk.partition_C(sP)
+        thr_qk, thr_rs, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own = self.role_fragments(
+            me, wg_tidx, mma_qk, mma_rs, mma_ss, sQ, sK, sP, sP0, sV)
         cS = cute.make_identity_tensor((BLOCK_M, BLOCK_N))
         tScS = layouts.acc_mn_view(thr_qk.partition_C(cS))
         n_rows_thr = cute.size(tScS, mode=[0])
@@ -176,7 +183,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         s_sum = storage.row_sum_x.get_tensor(cute.make_layout(BLOCK_M))
         s_inv = storage.row_inv.get_tensor(cute.make_layout(BLOCK_M))
         wg_bar = int(Bar.WG0) if const_expr(me == 0) else int(Bar.WG1)
-        col0 = 0 if const_expr(me == 0) else HALF
         wg_warp = cute.arch.make_warp_uniform(wg_tidx // 32)
         is_producer = wg_warp < self.loader.producer_warps
 
@@ -229,35 +235,43 @@ class MLADecodeSeesaw(MLADecodeBase):
             pipe_q.consumer_release(q_state)
             q_state.advance()
 
-            # Chunk end: WG1's row sums to WG0, which finalises; 1/rowsum back to WG1.
-            row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
-            row_lse = cute.make_rmem_tensor(n_rows_thr, Float32)
-            if const_expr(me == 1):
-                for i in cutlass.range_constexpr(n_rows_thr):
-                    total = cute.arch.warp_reduction_sum(row_sum[i], threads_in_group=4)
-                    if wg_tidx % 4 == 0:
-                        s_sum[tScS[i, 0][0]] = total
-                cute.arch.barrier_arrive(barrier_id=int(Bar.SUM), number_of_threads=256)
-                cute.arch.barrier(barrier_id=int(Bar.INV), number_of_threads=256)
-                for i in cutlass.range_constexpr(n_rows_thr):
-                    row_inv[i] = s_inv[tScS[i, 0][0]]
-            else:
-                cute.arch.barrier(barrier_id=int(Bar.SUM), number_of_threads=256)
-                if wg_tidx % 4 == 0:  # one thread of the quad adds WG1's (quad-reduced) sum
-                    for i in cutlass.range_constexpr(n_rows_thr):
-                        row_sum[i] = row_sum[i] + s_sum[tScS[i, 0][0]]
-                softmax.finalize_rows(row_max, row_sum, row_inv, row_lse, scale_log2, self.empty_row_lse(is_split))
-                if wg_tidx % 4 == 0:
-                    for i in cutlass.range_constexpr(n_rows_thr):
-                        s_inv[tScS[i, 0][0]] = row_inv[i]
-                cute.arch.barrier_arrive(barrier_id=int(Bar.INV), number_of_threads=256)
-            # A fresh MMA object for the epilogue's fragment layout: the loop's ones carry state set inside it.
-            _, mma_store, _ = self.tiled_mmas()
-            self.store_chunk(acc_o, mma_store, wg_tidx, wg_tidx + 128 * me, row_inv, row_lse, me == 0, col0, m_block,
-                             kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
+            self.finish_chunk(me, wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, row_max, row_sum, tScS,
+                              s_sum, s_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage)
         if const_expr(me == 1):
             # Pairs WG0's last P1_FREE arrive so no arrival is left pending at exit.
             cute.arch.barrier(barrier_id=int(Bar.P1_FREE), number_of_threads=256)
+
+    @cute.jit
+    def finish_chunk(self, me: cutlass.Constexpr[int], wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o,
+                     row_max, row_sum, tScS, s_sum, s_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage):
+        """Chunk end: WG1's row sums to WG0, which finalises (SUM); 1/rowsum back to WG1 (INV); both store
+        their half of O (WG0 also the lse)."""
+        n_rows_thr = cute.size(tScS, mode=[0])
+        row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
+        row_lse = cute.make_rmem_tensor(n_rows_thr, Float32)
+        if const_expr(me == 1):
+            for i in cutlass.range_constexpr(n_rows_thr):
+                total = cute.arch.warp_reduction_sum(row_sum[i], threads_in_group=4)
+                if wg_tidx % 4 == 0:
+                    s_sum[tScS[i, 0][0]] = total
+            cute.arch.barrier_arrive(barrier_id=int(Bar.SUM), number_of_threads=256)
+            cute.arch.barrier(barrier_id=int(Bar.INV), number_of_threads=256)
+            for i in cutlass.range_constexpr(n_rows_thr):
+                row_inv[i] = s_inv[tScS[i, 0][0]]
+        else:
+            cute.arch.barrier(barrier_id=int(Bar.SUM), number_of_threads=256)
+            if wg_tidx % 4 == 0:  # one thread of the quad adds WG1's (quad-reduced) sum
+                for i in cutlass.range_constexpr(n_rows_thr):
+                    row_sum[i] = row_sum[i] + s_sum[tScS[i, 0][0]]
+            softmax.finalize_rows(row_max, row_sum, row_inv, row_lse, scale_log2, self.empty_row_lse(is_split))
+            if wg_tidx % 4 == 0:
+                for i in cutlass.range_constexpr(n_rows_thr):
+                    s_inv[tScS[i, 0][0]] = row_inv[i]
+            cute.arch.barrier_arrive(barrier_id=int(Bar.INV), number_of_threads=256)
+        # A fresh MMA object for the epilogue's fragment layout: the loop's ones carry state set inside it.
+        _, mma_store, _ = self.tiled_mmas()
+        self.store_chunk(acc_o, mma_store, wg_tidx, wg_tidx + 128 * me, row_inv, row_lse, me == 0, HALF * me,
+                         m_block, kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
 
     @cute.jit
     def publish_max(self, s_m, slot: cutlass.Constexpr[int], row_max, tScS, wg_tidx, bar: cutlass.Constexpr[int]):

@@ -50,7 +50,9 @@ from cutlass.cute.nvgpu import warpgroup
 
 from pipelines import layouts, paged_kv, softmax
 from pipelines.paged_kv import COL_BLOCK
-from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, MLADecodeBase
+from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V
+from pipelines.variant_seesaw import Bar as SeesawBar
+from pipelines.variant_seesaw import MLADecodeSeesaw
 
 HALF = HEAD_DIM_V // 2
 N_BOXES = HEAD_DIM // COL_BLOCK  # 9 column boxes per 576-wide tile
@@ -63,18 +65,22 @@ BOX_BYTES_BF16 = BLOCK_N * COL_BLOCK * 2
 
 
 class Bar(enum.IntEnum):
+    """Named barrier ids; SUM and INV (chunk end) are the seesaw's, whose ``finish_chunk`` this reuses."""
     SCALE0 = 1  # WG0 -> WG1: m0 published
     SCALE1 = 2  # WG1 -> WG0: m1 published
     P0_READY = 3  # WG0 -> WG1: P0 (relative to m1) in stage 0's RoPE block
-    ISSUED = 4  # WG1 -> WG0: P1 written and both of WG1's P.V issued
-    P1_FREE = 5  # WG0 -> WG1: the P.V reading P1 retired
-    WG0 = 6
-    WG1 = 7
-    SUM = 8
-    INV = 9
+    P1_FREE = 4  # WG0 -> WG1: the P.V reading P1 retired
+    WG0 = 5
+    WG1 = 6
+    SUM = int(SeesawBar.SUM)
+    INV = int(SeesawBar.INV)
+    ISSUED = 9  # WG1 -> WG0: P1 written and both of WG1's P.V issued
 
 
-class MLADecodeSeesaw2(MLADecodeBase):
+class MLADecodeSeesaw2(MLADecodeSeesaw):
+    """The seesaw's roles (``warpgroup_roles``: P0 in stage 0's RoPE block), chunk end and max exchange,
+    with its own barriers, refills and iteration (module docstring)."""
+
     num_threads = 256
     kv_stages = 2
     kv_groups = N_BOXES  # the skeleton sizes mbar_k by it: 2 x 2 x 9 >= the 18 box barriers used
@@ -155,30 +161,6 @@ class MLADecodeSeesaw2(MLADecodeBase):
 
     # ------------------------------------------------------------------ roles
     @cute.jit
-    def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
-                        mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
-        begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
-        wg = tidx // 128
-        wg_tidx = tidx % 128
-        sV_layout = layouts.v_view_layout(sK.layout, HALF, BLOCK_N, HEAD_DIM, self.kv_stages)
-        # P0 lives in the RoPE block (columns 512..575) of stage 0: a 64 x 64 K-major tile with the P
-        # tile's swizzle (read only by QK(t0) before it is written; refilled only after the P.V that
-        # reads P0 retired).
-        sP0_layout = cute.composition(sK.layout, cute.make_layout(
-            (BLOCK_M, BLOCK_N, self.kv_stages), stride=(1, BLOCK_N, BLOCK_N * HEAD_DIM)))
-        sP0 = cute.make_tensor(sK.iterator + HEAD_DIM_V * BLOCK_N, sP0_layout)
-        if wg == 0:
-            sV = cute.make_tensor(sK.iterator, sV_layout)
-            self.role(0, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-                      tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                      sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
-        else:
-            sV = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
-            self.role(1, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-                      tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                      sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
-
-    @cute.jit
     def role(self, me: cutlass.Constexpr[int], wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block,
              begin_split, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
              sQ, sK, sP, sP0, sV, storage, pipe_q, mbar, scale_log2):
@@ -187,21 +169,13 @@ class MLADecodeSeesaw2(MLADecodeBase):
         mma_qk, mma_rs, mma_ss = self.tiled_mmas()
         q_state = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Consumer, 1)
         q_prod = cutlass.pipeline.make_pipeline_state(cutlass.pipeline.PipelineUserType.Producer, 1)
-        thr_qk = mma_qk.get_slice(wg_tidx)
-        thr_rs = mma_rs.get_slice(wg_tidx)
-        thr_ss = mma_ss.get_slice(wg_tidx)
-        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
-        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
-        tOrV_rs = thr_rs.make_fragment_B(thr_rs.partition_B(sV))
-        tOrV_ss = thr_ss.make_fragment_B(thr_ss.partition_B(sV))
-        # The other warpgroup's P as the SS A operand: P1 (the P tile) for WG0, P0 (stage 0's RoPE
-        # block) for WG1; this warpgroup's own P as a C-shaped smem view to write.
+        thr_qk, thr_rs, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own = self.role_fragments(
+            me, wg_tidx, mma_qk, mma_rs, mma_ss, sQ, sK, sP, sP0, sV)
+        # P0 lives in stage 0 only (t0's stage).
         if const_expr(me == 0):
-            tOrP_other = thr_ss.make_fragment_A(thr_ss.partition_A(sP))
-            tPsP_own = thr_qk.partition_C(sP0)[None, None, None, 0]
+            tPsP_own = tPsP_own[None, None, None, 0]
         else:
-            tOrP_other = thr_ss.make_fragment_A(thr_ss.partition_A(sP0))[None, None, None, 0]
-            tPsP_own = thr_qk.partition_C(sP)
+            tOrP_other = tOrP_other[None, None, None, 0]
         tScS = layouts.acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((BLOCK_M, BLOCK_N))))
         n_rows_thr = cute.size(tScS, mode=[0])
         s_m = storage.row_max_x.get_tensor(cute.make_layout((BLOCK_M, 2), stride=(1, BLOCK_M)))
@@ -266,50 +240,6 @@ class MLADecodeSeesaw2(MLADecodeBase):
         if const_expr(me == 1):
             # Pairs WG0's last P1_FREE arrive so no arrival is left pending at exit.
             cute.arch.barrier(barrier_id=int(Bar.P1_FREE), number_of_threads=256)
-
-    @cute.jit
-    def finish_chunk(self, me: cutlass.Constexpr[int], wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o,
-                     row_max, row_sum, tScS, s_sum, s_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage):
-        """Chunk end: WG1's row sums to WG0, which finalises; 1/rowsum back to WG1; both store their
-        half of O (WG0 also the lse)."""
-        n_rows_thr = cute.size(tScS, mode=[0])
-        row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
-        row_lse = cute.make_rmem_tensor(n_rows_thr, Float32)
-        if const_expr(me == 1):
-            for i in cutlass.range_constexpr(n_rows_thr):
-                total = cute.arch.warp_reduction_sum(row_sum[i], threads_in_group=4)
-                if wg_tidx % 4 == 0:
-                    s_sum[tScS[i, 0][0]] = total
-            cute.arch.barrier_arrive(barrier_id=int(Bar.SUM), number_of_threads=256)
-            cute.arch.barrier(barrier_id=int(Bar.INV), number_of_threads=256)
-            for i in cutlass.range_constexpr(n_rows_thr):
-                row_inv[i] = s_inv[tScS[i, 0][0]]
-        else:
-            cute.arch.barrier(barrier_id=int(Bar.SUM), number_of_threads=256)
-            if wg_tidx % 4 == 0:  # one thread of the quad adds WG1's (quad-reduced) sum
-                for i in cutlass.range_constexpr(n_rows_thr):
-                    row_sum[i] = row_sum[i] + s_sum[tScS[i, 0][0]]
-            softmax.finalize_rows(row_max, row_sum, row_inv, row_lse, scale_log2, self.empty_row_lse(is_split))
-            if wg_tidx % 4 == 0:
-                for i in cutlass.range_constexpr(n_rows_thr):
-                    s_inv[tScS[i, 0][0]] = row_inv[i]
-            cute.arch.barrier_arrive(barrier_id=int(Bar.INV), number_of_threads=256)
-        _, mma_store, _ = self.tiled_mmas()
-        self.store_chunk(acc_o, mma_store, wg_tidx, wg_tidx + 128 * me, row_inv, row_lse, me == 0, HALF * me,
-                         m_block, kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
-
-    @cute.jit
-    def publish_max(self, s_m, slot: cutlass.Constexpr[int], row_max, tScS, wg_tidx, bar: cutlass.Constexpr[int]):
-        if wg_tidx % 4 == 0:
-            for i in cutlass.range_constexpr(cute.size(row_max, mode=[0])):
-                s_m[tScS[i, 0][0], slot] = row_max[i]
-        cute.arch.barrier_arrive(barrier_id=bar, number_of_threads=256)
-
-    @cute.jit
-    def read_max(self, s_m, slot: cutlass.Constexpr[int], out, tScS, bar: cutlass.Constexpr[int]):
-        cute.arch.barrier(barrier_id=bar, number_of_threads=256)
-        for i in cutlass.range_constexpr(cute.size(out, mode=[0])):
-            out[i] = s_m[tScS[i, 0][0], slot]
 
     # ------------------------------------------------------------------ WG0
     @cute.jit
