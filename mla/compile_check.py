@@ -32,14 +32,16 @@ from dataclasses import dataclass
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-COUNTED = ("HGMMA", "WGMMA_WAIT", "UTMALDG", "UTMALDG_MULTICAST", "USETMAXREG", "LDGSTS", "CLUSTER_BAR", "LD_DSMEM",
-           "STG_128",
+COUNTED = ("HGMMA", "WGMMA_WAIT", "UTMALDG", "UTMALDG_MULTICAST", "UTMAPF", "USETMAXREG", "LDGSTS", "CLUSTER_BAR",
+           "LD_DSMEM", "STG_128",
            "LDL", "STL")
 _PATTERNS = {
     "HGMMA": re.compile(r"\bHGMMA\b"),
     "WGMMA_WAIT": re.compile(r"\bWARPGROUP\.DEPBAR\b"),
     "UTMALDG": re.compile(r"\bUTMALDG\b"),
     "UTMALDG_MULTICAST": re.compile(r"\bUTMALDG\S*MULTICAST"),
+    # TMA L2 prefetch of K boxes (cp.async.bulk.prefetch.tensor): 2wg's short-chunk prefetch.
+    "UTMAPF": re.compile(r"\bUTMAPF\b"),
     "USETMAXREG": re.compile(r"\bUSETMAXREG\b"),
     "LDGSTS": re.compile(r"\bLDGSTS\b"),
     # barrier.cluster.arrive, and the split cluster's 16-byte ld.shared::cluster (a generic LD.E.128:
@@ -138,6 +140,12 @@ def targets(variants: list[str]) -> list[Target]:
             need, forbid = loader_promises(page, h_q, s_q, multicast, split_cluster)
             if split_cluster == 1:  # O into out through skeleton.store_rows_16 (a split cluster's ranks
                 need += ("STG_128",)  # store from the DSMEM exchange instead)
+            if v == "2wg":  # short chunks prefetched into L2 (MLADecode2WG.l2_prefetch_chunk_tiles): TMA only
+                from pipelines import paged_kv
+                if paged_kv.uses_tma(page):
+                    need += ("UTMAPF",)
+                else:
+                    forbid += ("UTMAPF",)
             name = (f"{v} {'bf16' if dtype == 'bfloat16' else 'fp16'} h{h_q} s_q{s_q}{' causal' if causal else ''} "
                     f"p{page}{'' if multicast else ' mc-off'}{f' split{split_cluster}' if split_cluster > 1 else ''}"
                     f"{' fp32-partials' if partial == 'float32' else ''}")
