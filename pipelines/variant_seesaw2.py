@@ -10,7 +10,8 @@ session) lists where that seesaw differs; this module changes those points:
   elected lane arrives with the box's bytes, then issues its copy). QK waits box by box and commits one
   wgmma group per box, so it starts on the first box that landed.
 - **No "stage empty" barriers.** Tile t0 of a pair always lives in stage 0 and t1 in stage 1, and the
-  last reader of a column range refills it as soon as its wgmma retired: V_L of stage 0 by WG0 after
+  last reader of a column range refills it as soon as its wgmma retired (in all 4 warps of the
+  warpgroup: a 128-thread barrier before warp 0's refill, since PTX defines retirement per thread): V_L of stage 0 by WG0 after
   its P.V of t0; V_R + RoPE of stage 0 by WG1 after its P.V of t0 (which reads P0, stored in stage 0's
   RoPE block); V_L of stage 1 by WG0 after its P.V of t1 (P1 from smem); V_R + RoPE of stage 1 by WG1
   after its P.V of t1. Every other reader of a range is ordered before that refill by a named barrier
@@ -34,6 +35,11 @@ Per iteration (pair t0, t1; m the running row max, the same in both warpgroups a
 Every named barrier is passed once per iteration by both warpgroups, also in a pair without t1, so the
 arrive/sync counts pair (P1_FREE: WG0 pre-arrives once, WG1 pairs the last at exit). No wgmma is in
 flight across a branch join: each branch that issues one also waits for it.
+
+Protocol model: ``scripts/model_seesaw2_protocol.py`` (CPU test ``tests/test_protocol_model_seesaw2.py``)
+runs both warpgroups warp by warp under random schedules, with a wgmma retired per warp (so the
+warpgroup syncs above are checked, and the form without them is caught); it finds P1_FREE implied by
+SCALE0 (kept: one barrier, and the hand-off reads plainly).
 
 Page sizes: the TMA ones (16, 32, 64, 128); each column box of a tile is one copy per page of the tile,
 all on the box's barrier. No split clusters. Correctness and speed are unmeasured until the GPU run
@@ -114,6 +120,13 @@ class MLADecodeSeesaw2(MLADecodeSeesaw):
                 for i in cutlass.range_constexpr(self.kv_stages * N_BOXES):
                     cute.arch.mbarrier_init(mbar + i, 1)
         return pipe_q, mbar
+
+    @cute.jit
+    def wg_sync(self, me: cutlass.Constexpr[int]):
+        """All 4 warps of warpgroup ``me`` past this point (their own ``wait_group`` before it): PTX
+        defines a wgmma's retirement per executing thread, so warp 0 refills (or a warp zeroes) a
+        range only once every warp of its warpgroup has seen the wgmma that reads it retire."""
+        cute.arch.barrier(barrier_id=int(Bar.WG0) if const_expr(me == 0) else int(Bar.WG1), number_of_threads=128)
 
     @cute.jit
     def wait_box(self, mbar, stage: cutlass.Constexpr[int], box: cutlass.Constexpr[int], phase):
@@ -251,13 +264,15 @@ class MLADecodeSeesaw2(MLADecodeSeesaw):
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         valid0 = seqlen - t0 * BLOCK_N
         if valid0 < BLOCK_N:
+            self.wg_sync(0)  # every warp's QK(t0) retired before any warp's stores
             self.zero_v_rows(sK, 0, valid0, 0, HALF, wg_tidx, int(Bar.WG0))
         rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
         rP.store(acc_s.load().to(self.dtype))
         self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, 0, p_in_registers=True)
         warpgroup.wait_group(0)
-        if issuer:
-            if t0 + 2 < stop:
+        if t0 + 2 < stop:
+            self.wg_sync(0)
+            if issuer:
                 self.load_boxes(tma_k, mK, sK, mBlockTable, mbar, r, t0 + 2, seqlen, kv_head, 0, V_L_BOXES)
         # m1 from WG1: P0 moves to it for WG1's P.V, and so do O_L and the row sums.
         self.read_max(s_m, 1, other_max, tScS, int(Bar.SCALE1))
@@ -300,8 +315,9 @@ class MLADecodeSeesaw2(MLADecodeSeesaw):
         else:
             warpgroup.wait_group(0)
         cute.arch.barrier_arrive(barrier_id=int(Bar.P1_FREE), number_of_threads=256)
-        if issuer:
-            if t1 + 2 < stop:
+        if t1 + 2 < stop:
+            self.wg_sync(0)
+            if issuer:
                 self.load_boxes(tma_k, mK, sK, mBlockTable, mbar, r, t1 + 2, seqlen, kv_head, 1, V_L_BOXES)
         if const_expr(next_qk):
             warpgroup.wait_group(0)
@@ -361,12 +377,14 @@ class MLADecodeSeesaw2(MLADecodeSeesaw):
         cute.arch.barrier_arrive(barrier_id=int(Bar.ISSUED), number_of_threads=256)
         if const_expr(has_t1):
             warpgroup.wait_group(1)
-            if issuer:
-                if t1 + 2 < stop:
+            if t1 + 2 < stop:
+                self.wg_sync(1)
+                if issuer:
                     self.load_boxes(tma_k, mK, sK, mBlockTable, mbar, r, t1 + 2, seqlen, kv_head, 1, V_R_ROPE_BOXES)
         warpgroup.wait_group(0)
-        if issuer:
-            if t0 + 2 < stop:
+        if t0 + 2 < stop:
+            self.wg_sync(1)
+            if issuer:
                 self.load_boxes(tma_k, mK, sK, mBlockTable, mbar, r, t0 + 2, seqlen, kv_head, 0, V_R_ROPE_BOXES)
         if const_expr(next_qk):
             self.issue_qk_boxes(acc_s, tSrQ, tSrK, mbar, 1, WG1_QK_ORDER, ph1 ^ 1)
