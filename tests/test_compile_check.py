@@ -244,3 +244,47 @@ def test_seesaw2_kernel_refuses_what_it_does_not_run():
         MLADecodeSeesaw2(cutlass.BFloat16, 16, 1, 64, False, split_cluster=4)
     with pytest.raises(ValueError, match="TMA page sizes"):
         MLADecodeSeesaw2(cutlass.BFloat16, 16, 1, 1, False)
+
+
+def test_early_head_pages_applies_to_one_box_tma_pages_only():
+    """``MLADecode2WG.early_head_pages`` (off by default): the chunk's first page ids are read without
+    the request's length only where the loader picks a page without it (pages 64 and 128, one box per
+    CTA and tile, with or without a multicast cluster) and there is no split cluster."""
+    import cutlass
+
+    from pipelines.variant_2wg import MLADecode2WG
+
+    assert not MLADecode2WG.early_head_pages
+    early = type("Early2WG", (MLADecode2WG,), {"early_head_pages": True})
+    bf = cutlass.BFloat16
+    assert early(bf, 16, 1, 64, False).reads_head_pages_early()
+    assert early(bf, 128, 1, 64, False).reads_head_pages_early()  # 2-CTA multicast cluster
+    assert early(bf, 64, 1, 128, False).reads_head_pages_early()
+    assert not early(bf, 16, 1, 32, False).reads_head_pages_early()  # page 32: a box per warp
+    assert not early(bf, 16, 1, 16, False).reads_head_pages_early()
+    assert not early(bf, 16, 1, 1, False).reads_head_pages_early()  # cp.async gather
+    assert not early(bf, 16, 1, 64, False, split_cluster=4).reads_head_pages_early()
+    assert not MLADecode2WG(bf, 16, 1, 64, False).reads_head_pages_early()
+
+
+@pytest.mark.skipif(compile_check.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
+def test_early_head_pages_compiles():
+    """The early-page-id form compiles in a multicast cluster with no spills and wgmma not serialized."""
+    import tempfile
+
+    import cutlass.cute as cute
+
+    from pipelines.launch import DecodeConfig, DecodeEntry, entry_args
+    from pipelines.variant_2wg import MLADecode2WG
+
+    early = type("Early2WG", (MLADecode2WG,), {"early_head_pages": True})
+    conf = DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False)
+    entry = DecodeEntry(conf)
+    d = entry.decode
+    entry.decode = early(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv, multicast=d.cluster > 1)
+    with tempfile.TemporaryDirectory() as dump:
+        fn = cute.compile(entry, *entry_args(conf), options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump}")
+        sass = compile_check.disassemble(compile_check.find_nvdisasm(), fn.artifacts.CUBIN, dump)
+    counts = compile_check.count_sass(sass)
+    assert compile_check.check_promises(counts, ("HGMMA", "UTMALDG_MULTICAST", "UTMAPF"), ("LDL", "STL")) == [], counts
+    assert counts["WGMMA_WAIT"] <= compile_check.MAX_WAITS_PER_HGMMA * counts["HGMMA"], counts
