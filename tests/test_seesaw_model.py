@@ -43,18 +43,27 @@ def _factor(m_from, m_to, c):
     return torch.exp2(m_from * c - _safe(m_to) * c)
 
 
+def _chunk_state(scores, v, scale):
+    """(c, half, tiles, m, l0, l1, o_l, o_r) at a chunk's start: max -inf, row sums and O halves 0."""
+    rows, keys = scores.shape
+    half = v.shape[1] // 2
+    return (scale * LOG2E, half, -(-keys // TILE), torch.full((rows,), -math.inf), torch.zeros(rows),
+            torch.zeros(rows), torch.zeros(rows, half), torch.zeros(rows, half))
+
+
+def _finish(l0, l1, o_l, o_r, m, c):
+    """(out, lse) from the two warpgroups' row sums and O halves (a row that saw no key: 0, +inf)."""
+    total = l0 + l1
+    inv = torch.where(total > 0, 1.0 / total, torch.zeros_like(total))
+    out = torch.cat([o_l, o_r], dim=1) * inv[:, None]
+    lse = torch.where(total > 0, (_safe(m) * c + torch.log2(total)) / LOG2E, torch.full_like(total, math.inf))
+    return out, lse
+
+
 def seesaw_model(scores: torch.Tensor, v: torch.Tensor, scale: float):
     """(out, lse) of one chunk as the seesaw kernel computes it. ``scores``: raw QK [rows, keys]
     (-inf where masked), ``v``: [keys, 512]."""
-    rows, keys = scores.shape
-    c = scale * LOG2E
-    half = v.shape[1] // 2
-    m = torch.full((rows,), -math.inf)
-    l0 = torch.zeros(rows)
-    l1 = torch.zeros(rows)
-    o_l = torch.zeros(rows, half)
-    o_r = torch.zeros(rows, half)
-    n_tiles = -(-keys // TILE)
+    c, half, n_tiles, m, l0, l1, o_l, o_r = _chunk_state(scores, v, scale)
     for t0 in range(0, n_tiles, 2):
         t1 = t0 + 1
         s0 = scores[:, t0 * TILE:(t0 + 1) * TILE]
@@ -86,24 +95,12 @@ def seesaw_model(scores: torch.Tensor, v: torch.Tensor, scale: float):
         if t1 < n_tiles:
             o_l = o_l + p1 @ v1[:, :half]
         m = m1
-    total = l0 + l1
-    inv = torch.where(total > 0, 1.0 / total, torch.zeros_like(total))
-    out = torch.cat([o_l, o_r], dim=1) * inv[:, None]
-    lse = torch.where(total > 0, (_safe(m) * c + torch.log2(total)) / LOG2E, torch.full_like(total, math.inf))
-    return out, lse
+    return _finish(l0, l1, o_l, o_r, m, c)
 
 
 def seesaw2_model(scores: torch.Tensor, v: torch.Tensor, scale: float):
     """(out, lse) of one chunk as the seesaw2 kernel computes it (same arguments as ``seesaw_model``)."""
-    rows, keys = scores.shape
-    c = scale * LOG2E
-    half = v.shape[1] // 2
-    m = torch.full((rows,), -math.inf)
-    l0 = torch.zeros(rows)
-    l1 = torch.zeros(rows)
-    o_l = torch.zeros(rows, half)
-    o_r = torch.zeros(rows, half)
-    n_tiles = -(-keys // TILE)
+    c, half, n_tiles, m, l0, l1, o_l, o_r = _chunk_state(scores, v, scale)
     for t0 in range(0, n_tiles, 2):
         t1 = t0 + 1
         s0 = scores[:, t0 * TILE:(t0 + 1) * TILE]
@@ -140,11 +137,7 @@ def seesaw2_model(scores: torch.Tensor, v: torch.Tensor, scale: float):
         if t1 < n_tiles:
             o_l = o_l + p1.to(torch.bfloat16).float() @ v1[:, :half]
         m = m1
-    total = l0 + l1
-    inv = torch.where(total > 0, 1.0 / total, torch.zeros_like(total))
-    out = torch.cat([o_l, o_r], dim=1) * inv[:, None]
-    lse = torch.where(total > 0, (_safe(m) * c + torch.log2(total)) / LOG2E, torch.full_like(total, math.inf))
-    return out, lse
+    return _finish(l0, l1, o_l, o_r, m, c)
 
 
 def plain_softmax(scores, v, scale):
