@@ -73,6 +73,13 @@ class MLADecode2WG(MLADecodeBase):
     # (length, then page id) instead of one each, which the latency rows pay once per CTA. Off: not
     # measured yet (scripts/entry_ab.py mode ``2wg-early-pages``). A class constant like the others.
     early_head_pages = False
+    # WG0 issues its P.V of a tile before handing P to WG1 (P_EMPTY wait, P and the row factors into
+    # smem, fence, P_FULL), instead of after: the hand-off's ~17 stores, proxy fence and barriers then
+    # run beside that P.V rather than between the softmax and the first P.V, when the tensor cores are
+    # idle; WG1's P.V starts that much later, behind WG0's in the pipe. WG1's copy of P is converted
+    # again from the fp32 scores (the in-flight P.V's register operand must not be read). Off: not
+    # measured yet (scripts/entry_ab.py mode ``2wg-late-hand-off``).
+    hand_p_after_pv = False
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
                         mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
@@ -128,7 +135,8 @@ class MLADecode2WG(MLADecodeBase):
 
                 rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
                 rP.store(acc_s.load().to(self.dtype))
-                self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
+                if const_expr(not self.hand_p_after_pv):
+                    self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
 
                 softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
                 valid = seqlen - blk * self.block_n
@@ -140,6 +148,10 @@ class MLADecode2WG(MLADecodeBase):
                     mma_pv_rs.set(warpgroup.Field.ACCUMULATE, True)
                     cute.gemm(mma_pv_rs, acc_o, tOrP[None, None, k], tOrV[None, None, k, k_state.index], acc_o)
                 warpgroup.commit_group()
+                if const_expr(self.hand_p_after_pv):
+                    rP_wg1 = cute.make_rmem_tensor_like(acc_s, self.dtype)
+                    rP_wg1.store(acc_s.load().to(self.dtype))
+                    self.hand_p_to_wg1(rP_wg1, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
                 warpgroup.wait_group(0)
                 self.loader.consumer_release(pipe_k, k_state)
                 k_state.advance()

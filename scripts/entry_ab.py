@@ -46,6 +46,7 @@ MODES = {
     "2wg-l2-prefetch": ("2wg", _sub(MLADecode2WG, l2_prefetch_ahead=2), True),  # K tiles into L2 two ahead
     "2wg-no-short": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=0), True),  # short chunks not prefetched
     "2wg-early-pages": ("2wg", _sub(MLADecode2WG, early_head_pages=True), True),  # head page ids beside the length
+    "2wg-late-hand-off": ("2wg", _sub(MLADecode2WG, hand_p_after_pv=True), True),  # WG0's P.V before P goes to WG1
     "2wg-l2-short6": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=6), True),  # chunks <= 6 tiles into L2
     "2wg-l2-short16": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=16), True),
     "2wg-evict-first": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_first"), True),

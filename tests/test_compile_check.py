@@ -268,8 +268,10 @@ def test_early_head_pages_applies_to_one_box_tma_pages_only():
 
 
 @pytest.mark.skipif(compile_check.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
-def test_early_head_pages_compiles():
-    """The early-page-id form compiles in a multicast cluster with no spills and wgmma not serialized."""
+@pytest.mark.parametrize("attr", ["early_head_pages", "hand_p_after_pv"])
+def test_2wg_options_off_by_default_compile(attr):
+    """2wg forms prepared for an A/B (off by default): each compiles in a multicast cluster with no
+    spills and wgmma not serialized."""
     import tempfile
 
     import cutlass.cute as cute
@@ -277,7 +279,8 @@ def test_early_head_pages_compiles():
     from pipelines.launch import DecodeConfig, DecodeEntry, entry_args
     from pipelines.variant_2wg import MLADecode2WG
 
-    early = type("Early2WG", (MLADecode2WG,), {"early_head_pages": True})
+    assert not getattr(MLADecode2WG, attr)
+    early = type("Option2WG", (MLADecode2WG,), {attr: True})
     conf = DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False)
     entry = DecodeEntry(conf)
     d = entry.decode
