@@ -133,20 +133,31 @@ class MLADecodeSeesaw2(MLADecodeSeesaw):
         cute.arch.mbarrier_wait(mbar + (stage * N_BOXES + box), phase)
 
     @cute.jit
+    def page_ids(self, mBlockTable, r, blk, seqlen):
+        """block_table entries of tile ``blk``'s pages (one per row box; a box past the request's end
+        gets its last page, never an entry the request does not own). Read at the top of an iteration
+        for the tiles its refills will load, so that a refill's TMA follows its wgmma's retirement
+        without a global load in between (``seqlen`` > 0)."""
+        P = self.page_size
+        last_page = (seqlen - 1) // P
+        pages = cute.make_rmem_tensor(self.pages_per_tile, Int32)
+        for k in cutlass.range_constexpr(self.pages_per_tile):
+            token = blk * BLOCK_N + k * self.loader.box_rows
+            pages[k] = mBlockTable[r, cutlass.min(token // P, last_page)]
+        return pages
+
+    @cute.jit
     def load_boxes(self, tma_k, mK, sK, mBlockTable, mbar, r, blk, seqlen, kv_head, stage: cutlass.Constexpr[int],
-                   boxes: cutlass.Constexpr):
+                   boxes: cutlass.Constexpr, pages=None):
         """Column boxes ``boxes`` of tile ``blk`` of request ``r`` into ``stage`` (called by one whole
         warp): per box, the elected lane arrives with the box's bytes on its barrier, then the copies
-        (one per page of the tile) complete on it."""
+        (one per page of the tile) complete on it. ``pages``: the tile's ``page_ids``, read earlier."""
         P = self.page_size
         loader = self.loader
         tKsK, tKgK = loader.tma_views(tma_k, mK, sK)
-        last_page = (seqlen - 1) // P
         rows = loader.box_rows
-        pages = cute.make_rmem_tensor(self.pages_per_tile, Int32)
-        for k in cutlass.range_constexpr(self.pages_per_tile):
-            token = blk * BLOCK_N + k * rows
-            pages[k] = mBlockTable[r, cutlass.min(token // P, last_page)]
+        if const_expr(pages is None):
+            pages = self.page_ids(mBlockTable, r, blk, seqlen)
         for bi in cutlass.range_constexpr(len(boxes)):
             bar = mbar + (stage * N_BOXES + boxes[bi])
             with cute.arch.elect_one():
@@ -259,6 +270,9 @@ class MLADecodeSeesaw2(MLADecodeSeesaw):
     def wg0_iteration(self, t0, t1, stop, seqlen, r, kv_head, wg_tidx, issuer, ph0, ph1, row_limit, tScS, row_max,
                       row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss,
                       tOrP_other, tPsP_own, tma_k, mK, sK, mBlockTable, mbar, scale_log2):
+        # The page ids of this iteration's refills (tiles t0 + 2 and t1 + 2), read before the softmax.
+        pages0 = self.page_ids(mBlockTable, r, t0 + 2, seqlen)
+        pages1 = self.page_ids(mBlockTable, r, t1 + 2, seqlen)
         self.softmax_tile(acc_s, t0, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
         self.publish_max(s_m, 0, row_max, tScS, wg_tidx, int(Bar.SCALE0))
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
@@ -273,7 +287,7 @@ class MLADecodeSeesaw2(MLADecodeSeesaw):
         if t0 + 2 < stop:
             self.wg_sync(0)
             if issuer:
-                self.load_boxes(tma_k, mK, sK, mBlockTable, mbar, r, t0 + 2, seqlen, kv_head, 0, V_L_BOXES)
+                self.load_boxes(tma_k, mK, sK, mBlockTable, mbar, r, t0 + 2, seqlen, kv_head, 0, V_L_BOXES, pages0)
         # m1 from WG1: P0 moves to it for WG1's P.V, and so do O_L and the row sums.
         self.read_max(s_m, 1, other_max, tScS, int(Bar.SCALE1))
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
@@ -289,16 +303,16 @@ class MLADecodeSeesaw2(MLADecodeSeesaw):
         cute.arch.barrier(barrier_id=int(Bar.ISSUED), number_of_threads=256)
         if t0 + 2 < stop:  # (then t1 exists too)
             self.wg0_pv_t1(t1, stop, seqlen, r, kv_head, wg_tidx, issuer, ph1, acc_o, tOrV_ss, tOrP_other, tma_k,
-                           mK, sK, mBlockTable, mbar, True, acc_s, tSrQ, tSrK, ph0 ^ 1)
+                           mK, sK, mBlockTable, mbar, True, acc_s, tSrQ, tSrK, ph0 ^ 1, pages1)
         elif t1 < stop:
             self.wg0_pv_t1(t1, stop, seqlen, r, kv_head, wg_tidx, issuer, ph1, acc_o, tOrV_ss, tOrP_other, tma_k,
-                           mK, sK, mBlockTable, mbar, False, acc_s, tSrQ, tSrK, ph0 ^ 1)
+                           mK, sK, mBlockTable, mbar, False, acc_s, tSrQ, tSrK, ph0 ^ 1, pages1)
         else:
             cute.arch.barrier_arrive(barrier_id=int(Bar.P1_FREE), number_of_threads=256)
 
     @cute.jit
     def wg0_pv_t1(self, t1, stop, seqlen, r, kv_head, wg_tidx, issuer, ph1, acc_o, tOrV_ss, tOrP_other, tma_k, mK, sK,
-                  mBlockTable, mbar, next_qk: cutlass.Constexpr[bool], acc_s, tSrQ, tSrK, next_ph0):
+                  mBlockTable, mbar, next_qk: cutlass.Constexpr[bool], acc_s, tSrQ, tSrK, next_ph0, pages1):
         """O_L += P1.V_L(t1) (SS), then (``next_qk``) QK of the next t0 behind it; when the P.V retired,
         P1's tile is free and V_L of stage 1 is refilled. Every wgmma issued here is waited for here."""
         # V_L of stage 1 was refilled by this warpgroup: its phase is this warpgroup's to wait on (a
@@ -318,7 +332,7 @@ class MLADecodeSeesaw2(MLADecodeSeesaw):
         if t1 + 2 < stop:
             self.wg_sync(0)
             if issuer:
-                self.load_boxes(tma_k, mK, sK, mBlockTable, mbar, r, t1 + 2, seqlen, kv_head, 1, V_L_BOXES)
+                self.load_boxes(tma_k, mK, sK, mBlockTable, mbar, r, t1 + 2, seqlen, kv_head, 1, V_L_BOXES, pages1)
         if const_expr(next_qk):
             warpgroup.wait_group(0)
 
@@ -327,6 +341,9 @@ class MLADecodeSeesaw2(MLADecodeSeesaw):
     def wg1_iteration(self, t0, t1, stop, seqlen, r, kv_head, wg_tidx, issuer, ph0, ph1, row_limit, tScS, row_max,
                       row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss,
                       tOrP_other, tPsP_own, tma_k, mK, sK, mBlockTable, mbar, scale_log2):
+        # The page ids of this iteration's refills (tiles t0 + 2 and t1 + 2), read before the waits.
+        pages0 = self.page_ids(mBlockTable, r, t0 + 2, seqlen)
+        pages1 = self.page_ids(mBlockTable, r, t1 + 2, seqlen)
         # m0 from WG0: this warpgroup's max moves to it, then the softmax of t1 against it.
         self.read_max(s_m, 0, other_max, tScS, int(Bar.SCALE0))
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
@@ -348,18 +365,18 @@ class MLADecodeSeesaw2(MLADecodeSeesaw):
         cute.arch.barrier(barrier_id=int(Bar.P1_FREE), number_of_threads=256)
         if t1 + 2 < stop:
             self.wg1_pvs(t0, t1, stop, seqlen, r, kv_head, wg_tidx, issuer, ph1, acc_s, acc_o, tSrQ, tSrK, tOrV_rs,
-                         tOrV_ss, tOrP_other, tPsP_own, tma_k, mK, sK, mBlockTable, mbar, True, True)
+                         tOrV_ss, tOrP_other, tPsP_own, tma_k, mK, sK, mBlockTable, mbar, True, True, pages0, pages1)
         elif t1 < stop:
             self.wg1_pvs(t0, t1, stop, seqlen, r, kv_head, wg_tidx, issuer, ph1, acc_s, acc_o, tSrQ, tSrK, tOrV_rs,
-                         tOrV_ss, tOrP_other, tPsP_own, tma_k, mK, sK, mBlockTable, mbar, True, False)
+                         tOrV_ss, tOrP_other, tPsP_own, tma_k, mK, sK, mBlockTable, mbar, True, False, pages0, pages1)
         else:
             self.wg1_pvs(t0, t1, stop, seqlen, r, kv_head, wg_tidx, issuer, ph1, acc_s, acc_o, tSrQ, tSrK, tOrV_rs,
-                         tOrV_ss, tOrP_other, tPsP_own, tma_k, mK, sK, mBlockTable, mbar, False, False)
+                         tOrV_ss, tOrP_other, tPsP_own, tma_k, mK, sK, mBlockTable, mbar, False, False, pages0, pages1)
 
     @cute.jit
     def wg1_pvs(self, t0, t1, stop, seqlen, r, kv_head, wg_tidx, issuer, ph1, acc_s, acc_o, tSrQ, tSrK, tOrV_rs,
                 tOrV_ss, tOrP_other, tPsP_own, tma_k, mK, sK, mBlockTable, mbar, has_t1: cutlass.Constexpr[bool],
-                next_qk: cutlass.Constexpr[bool]):
+                next_qk: cutlass.Constexpr[bool], pages0, pages1):
         """P1 to smem, O_R += P1.V_R(t1) (RS), O_R += P0.V_R(t0) (SS), ISSUED; the refills of V_R + RoPE
         as each P.V retires; then (``next_qk``) QK of the next t1. Every wgmma issued here is waited for
         here."""
@@ -380,12 +397,14 @@ class MLADecodeSeesaw2(MLADecodeSeesaw):
             if t1 + 2 < stop:
                 self.wg_sync(1)
                 if issuer:
-                    self.load_boxes(tma_k, mK, sK, mBlockTable, mbar, r, t1 + 2, seqlen, kv_head, 1, V_R_ROPE_BOXES)
+                    self.load_boxes(tma_k, mK, sK, mBlockTable, mbar, r, t1 + 2, seqlen, kv_head, 1, V_R_ROPE_BOXES,
+                                    pages1)
         warpgroup.wait_group(0)
         if t0 + 2 < stop:
             self.wg_sync(1)
             if issuer:
-                self.load_boxes(tma_k, mK, sK, mBlockTable, mbar, r, t0 + 2, seqlen, kv_head, 0, V_R_ROPE_BOXES)
+                self.load_boxes(tma_k, mK, sK, mBlockTable, mbar, r, t0 + 2, seqlen, kv_head, 0, V_R_ROPE_BOXES,
+                                pages0)
         if const_expr(next_qk):
             self.issue_qk_boxes(acc_s, tSrQ, tSrK, mbar, 1, WG1_QK_ORDER, ph1 ^ 1)
             warpgroup.wait_group(0)
