@@ -77,9 +77,12 @@ class MLADecode2WG(MLADecodeBase):
     # smem, fence, P_FULL), instead of after: the hand-off's ~17 stores, proxy fence and barriers then
     # run beside that P.V rather than between the softmax and the first P.V, when the tensor cores are
     # idle; WG1's P.V starts that much later, behind WG0's in the pipe. WG1's copy of P is converted
-    # again from the fp32 scores (the in-flight P.V's register operand must not be read). Off: not
-    # measured yet (scripts/entry_ab.py mode ``2wg-late-hand-off``).
+    # again from the fp32 scores, but ptxas merges the two conversions, so the hand-off's stores read
+    # the registers the in-flight P.V reads (PTX calls that undefined; ptxas adds no wait): the GPU
+    # tests and synccheck must confirm this form. Off: not measured yet (scripts/entry_ab.py mode
+    # ``2wg-late-hand-off``).
     hand_p_after_pv = False
+
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
                         mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
@@ -109,7 +112,7 @@ class MLADecode2WG(MLADecodeBase):
     def wg0_qk_softmax_pv(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0, s_row_scale,
                           s_row_inv, pipe_q, pipe_k, scale_log2, storage):
-        mma_qk, mma_pv_rs, thr_qk, thr_pv, tSrQ, tSrK, tOrV, tPsP, tScS = self.wg0_fragments(wg_tidx, sQ, sK, sP, sV0)
+        _, mma_pv_rs, thr_qk, thr_pv, tSrQ, tSrK, tOrV, tPsP, tScS = self.wg0_fragments(wg_tidx, sQ, sK, sP, sV0)
         n_rows_thr = cute.size(tScS, mode=[0])
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -124,11 +127,7 @@ class MLADecode2WG(MLADecodeBase):
             for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
                 self.loader.consumer_wait(pipe_k, k_state)
                 acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, self.block_n)), Float32)
-                warpgroup.fence()
-                for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-                    mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-                    cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, k_state.index], acc_s)
-                warpgroup.commit_group()
+                self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
                 warpgroup.wait_group(0)
 
                 self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
@@ -142,12 +141,7 @@ class MLADecode2WG(MLADecodeBase):
                 valid = seqlen - blk * self.block_n
                 if valid < self.block_n:
                     self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
-                warpgroup.fence()
-                tOrP = layouts.acc_as_a_operand(rP)
-                for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                    mma_pv_rs.set(warpgroup.Field.ACCUMULATE, True)
-                    cute.gemm(mma_pv_rs, acc_o, tOrP[None, None, k], tOrV[None, None, k, k_state.index], acc_o)
-                warpgroup.commit_group()
+                self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
                 if const_expr(self.hand_p_after_pv):
                     rP_wg1 = cute.make_rmem_tensor_like(acc_s, self.dtype)
                     rP_wg1.store(acc_s.load().to(self.dtype))
@@ -292,11 +286,7 @@ class MLADecode2WG(MLADecodeBase):
                 valid = seqlen - blk * self.block_n
                 if valid < self.block_n:
                     self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
-                warpgroup.fence()
-                for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                    mma_pv_ss.set(warpgroup.Field.ACCUMULATE, True)
-                    cute.gemm(mma_pv_ss, acc_o, tOrP[None, None, k], tOrV[None, None, k, k_state.index], acc_o)
-                warpgroup.commit_group()
+                self.issue_pv(acc_o, tOrP, tOrV, k_state.index)
                 warpgroup.wait_group(0)
                 cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
                 self.loader.consumer_release(pipe_k, k_state)
