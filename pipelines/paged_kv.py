@@ -396,6 +396,18 @@ class TmaPagedKV(PagedKVLoader):
         self._copy_box(tma_k, tKgK, tKsK, in_page, kv_head, page, box_idx, state.index, bar, cols)
 
     @cute.jit
+    def box_pages(self, mBlockTable: cute.Tensor, r: Int32, blk: Int32, last_page: Int32, rank: Int32):
+        """block_table entries of this CTA's boxes of tile ``blk`` of request ``r`` (``rank``: its rank
+        in the cluster), as one register tensor: independent loads that go out together. A box wholly
+        past the end reloads the last valid page ``last_page`` (never a block_table entry the request
+        does not own); its rows are masked and zeroed like any row past the end."""
+        pages = cute.make_rmem_tensor(self.boxes_per_cta, Int32)
+        for b in cutlass.range_constexpr(self.boxes_per_cta):
+            token = blk * self.tile_tokens + (rank * self.boxes_per_cta + b) * self.box_rows
+            pages[b] = mBlockTable[r, cutlass.min(token // self.page_size, last_page)]
+        return pages
+
+    @cute.jit
     def _load_boxes(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
                     rank, cols, page=None):
         """One warp issues this CTA's boxes of the tile: since warp_per_box, always exactly one box
@@ -405,16 +417,12 @@ class TmaPagedKV(PagedKVLoader):
         box = self.box_rows
         # Page ids first: the block_table loads of all boxes go out together, before the wait for the
         # stage, instead of one dependent load ahead of each box's TMA.
-        pages = cute.make_rmem_tensor(self.boxes_per_cta, Int32)
         if const_expr(page is not None):
             assert self.pages_without_length(), "a caller's page id is for the one-box path only"
+            pages = cute.make_rmem_tensor(self.boxes_per_cta, Int32)
             pages[0] = page
         else:
-            for b in cutlass.range_constexpr(self.boxes_per_cta):
-                token = blk * self.tile_tokens + (rank * self.boxes_per_cta + b) * box
-                # A box wholly past the end reloads the last valid page (never a block_table entry the
-                # request does not own); its rows are masked and zeroed like any row past the end.
-                pages[b] = mBlockTable[r, cutlass.min(token // P, last_page)]
+            pages = self.box_pages(mBlockTable, r, blk, last_page, rank)
         pipe.producer_acquire(state)
         bar = pipe.producer_get_barrier(state)
         for b in cutlass.range_constexpr(self.boxes_per_cta):

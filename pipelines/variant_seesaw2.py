@@ -134,17 +134,10 @@ class MLADecodeSeesaw2(MLADecodeSeesaw):
 
     @cute.jit
     def page_ids(self, mBlockTable, r, blk, seqlen):
-        """block_table entries of tile ``blk``'s pages (one per row box; a box past the request's end
-        gets its last page, never an entry the request does not own). Read at the top of an iteration
-        for the tiles its refills will load, so that a refill's TMA follows its wgmma's retirement
-        without a global load in between (``seqlen`` > 0)."""
-        P = self.page_size
-        last_page = (seqlen - 1) // P
-        pages = cute.make_rmem_tensor(self.pages_per_tile, Int32)
-        for k in cutlass.range_constexpr(self.pages_per_tile):
-            token = blk * BLOCK_N + k * self.loader.box_rows
-            pages[k] = mBlockTable[r, cutlass.min(token // P, last_page)]
-        return pages
+        """block_table entries of tile ``blk``'s pages (one per row box; the loader's ``box_pages``, no
+        cluster). Read at the top of an iteration for the tiles its refills will load, so that a
+        refill's TMA follows its wgmma's retirement without a global load in between (``seqlen`` > 0)."""
+        return self.loader.box_pages(mBlockTable, r, blk, (seqlen - 1) // self.page_size, Int32(0))
 
     @cute.jit
     def load_boxes(self, tma_k, mK, sK, mBlockTable, mbar, r, blk, seqlen, kv_head, stage: cutlass.Constexpr[int],
