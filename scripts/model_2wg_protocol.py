@@ -263,15 +263,8 @@ def run_form(form: str, runs: int, seed: int = 0) -> dict:
     tile = FORMS[form][0]
     result = {}
     for name, spec in SCENARIOS.items():
-        errors = {}
-        for i in range(runs):
-            sim = Sim2WG(chunk_list(spec, tile), random.Random(seed * 100003 + i), form)
-            try:
-                sim.run()
-            except ProtocolError as e:
-                msg = str(e)
-                errors.setdefault(msg.split(":")[0], [0, msg])[0] += 1
-        result[name] = errors
+        result[name] = base.collect_errors(
+            lambda s, spec=spec: Sim2WG(chunk_list(spec, tile), random.Random(s), form), runs, seed)
     return result
 
 

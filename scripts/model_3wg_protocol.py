@@ -354,6 +354,19 @@ SCENARIOS = {
 }
 
 
+def collect_errors(make_sim, runs: int, seed: int = 0) -> dict:
+    """{error key: [count, first message]} over ``runs`` schedules, ``make_sim(schedule_seed)`` building
+    each run's simulator (this model's and the 2wg / seesaw2 models')."""
+    errors = {}
+    for i in range(runs):
+        try:
+            make_sim(seed * 100003 + i).run()
+        except ProtocolError as e:
+            msg = str(e)
+            errors.setdefault(msg.split(":")[0], [0, msg])[0] += 1
+    return errors
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=300)
@@ -362,15 +375,8 @@ def main():
     args = ap.parse_args()
     failed = 0
     for name, spec in SCENARIOS.items():
-        errors = {}
-        for i in range(args.runs):
-            sim = Sim(chunk_list(spec), random.Random(args.seed * 100003 + i), args.racy)
-            try:
-                sim.run()
-            except ProtocolError as e:
-                msg = str(e)
-                key = msg.split(":")[0]
-                errors.setdefault(key, [0, msg])[0] += 1
+        errors = collect_errors(lambda seed: Sim(chunk_list(spec), random.Random(seed), args.racy), args.runs,
+                                args.seed)
         status = "ok" if not errors else "FAIL"
         failed += bool(errors)
         print(f"{name:28s} {args.runs} schedules: {status}")

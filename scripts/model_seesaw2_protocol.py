@@ -581,15 +581,8 @@ def run_form(form: str, runs: int, seed: int = 0, scenarios=None) -> dict:
     """{scenario: {error key: [count, first message]}} over ``runs`` random schedules each."""
     result = {}
     for name in scenarios or SCENARIOS:
-        errors = {}
-        for i in range(runs):
-            sim = SimSeesaw2(chunk_list(SCENARIOS[name]), make_rng(seed * 100003 + i), form)
-            try:
-                sim.run()
-            except ProtocolError as e:
-                msg = str(e)
-                errors.setdefault(msg.split(":")[0], [0, msg])[0] += 1
-        result[name] = errors
+        result[name] = base.collect_errors(
+            lambda s, name=name: SimSeesaw2(chunk_list(SCENARIOS[name]), make_rng(s), form), runs, seed)
     return result
 
 
