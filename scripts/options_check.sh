@@ -11,10 +11,7 @@ set -u
 out=${OUT:-/tmp/options-check}; mkdir -p "$out"
 export PATH=$PATH:/usr/local/cuda/bin PYTHONUNBUFFERED=1
 fail=0
-step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  timeout "$limit" "$@" > "$out/$name.log" 2>&1; local rc=$?
-  printf '%-10s rc=%d %4ds  %s\n' "$name" "$rc" $((SECONDS - t0)) "$(grep -E "pass 2|ERROR SUMMARY|does not write" "$out/$name.log" | tail -n 1 | cut -c1-140)"
-  return $rc; }
+source "$(dirname "$0")/device_step.sh"
 nvidia-smi --query-gpu=name --format=csv,noheader
 modes="--mode 2wg --mode 2wg-early-pages --mode 2wg-late-hand-off"
 step ab 330 python scripts/entry_ab.py $modes --passes 2 \

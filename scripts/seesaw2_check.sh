@@ -11,10 +11,7 @@ set -u
 out=${OUT:-/tmp/seesaw2-check}; mkdir -p "$out"
 export PATH=$PATH:/usr/local/cuda/bin PYTHONUNBUFFERED=1
 fail=0
-step() { local name=$1 limit=$2; shift 2; local t0=$SECONDS
-  timeout "$limit" "$@" > "$out/$name.log" 2>&1; local rc=$?
-  printf '%-10s rc=%d %4ds  %s\n' "$name" "$rc" $((SECONDS - t0)) "$(grep -E "passed|failed|ERROR SUMMARY|pass 2" "$out/$name.log" | tail -n 1 | cut -c1-140)"
-  return $rc; }
+source "$(dirname "$0")/device_step.sh"
 nvidia-smi --query-gpu=name --format=csv,noheader
 step tests 240 python -m pytest -m gpu -q -p no:cacheprovider tests/test_seesaw2_gpu.py || fail=1
 sel="b3-sq2-h64 or b2-sq1-h64 or b8-sq1-h16 or b1-sq1-h64 or max16384"
