@@ -266,27 +266,6 @@ class TmaPagedKV(PagedKVLoader):
         token = blk * self.tile_tokens + (rank * self.boxes_per_cta + warp) * self.box_rows
         return mBlockTable[r, cutlass.min(token // P, (seqlen - 1) // P)]
 
-    def pages_without_length(self) -> bool:
-        """True where this CTA's box of a tile the request has never needs the request's length to
-        pick its block_table entry (``page_id_in_table``): one box per CTA and tile (so no warp per
-        box), from pages of at least a tile (64 and 128 tokens)."""
-        return not self.warp_per_box and self.boxes_per_cta == 1 and self.page_size >= self.tile_tokens
-
-    @cute.jit
-    def page_id_in_table(self, mBlockTable: cute.Tensor, r: Int32, blk: Int32):
-        """block_table entry of this CTA's box of tile ``blk`` of request ``r``, the index clamped to the
-        table's width instead of the request's last page (``pages_without_length`` loaders only). For a
-        tile the request has, the entry ``page_id`` gives: with pages of at least a tile, a box that
-        starts in the tile lies in a page the request owns (a box past the end reads the tile's own
-        page, which ``page_id``'s clamp also gives). For a tile it does not have, some entry of row
-        ``r`` (never outside the table; not loaded). Needs no length, so its load can go out beside the
-        length's load instead of after it."""
-        rank = Int32(0)
-        if const_expr(self.cluster > 1):
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        token = blk * self.tile_tokens + rank * self.boxes_per_cta * self.box_rows
-        return mBlockTable[r, cutlass.min(token // self.page_size, mBlockTable.shape[1] - 1)]
-
     @cute.jit
     def tma_views(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor):
         """``(tKsK, tKgK)``: the TMA partitions of the stages and of k_cache in boxes of this loader,
@@ -315,9 +294,9 @@ class TmaPagedKV(PagedKVLoader):
                   pipe, state, r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32,
                   page=None, cols=None):
         """Acquire the stage, then issue this CTA's boxes of tile ``blk`` of request ``r`` (warp-per-box
-        path: this warp's box; ``page``, if given, is its ``page_id`` read earlier; one-box path:
-        ``page``, if given, is its ``page_id_in_table``). ``cols`` (loader
-        built ``by_columns``): the tile's 64-column blocks to load, one TMA copy each."""
+        path: this warp's box; ``page``, if given, is its ``page_id`` read earlier; the one-box path
+        reads its page ids itself and takes none). ``cols`` (loader built ``by_columns``): the tile's
+        64-column blocks to load, one TMA copy each."""
         P = self.page_size
         tKsK, tKgK = self.tma_views(tma_k, mK, sK)
         rank = Int32(0)
@@ -328,8 +307,9 @@ class TmaPagedKV(PagedKVLoader):
             self._load_box_of_warp(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, rank,
                                    producer_tidx, page, cols)
         else:
+            assert page is None, "a caller's page id is for the warp-per-box path only"
             self._load_boxes(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
-                             rank, cols, page)
+                             rank, cols)
 
     @cute.jit
     def prefetch_tile(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, blk: Int32, kv_head: Int32,
@@ -409,20 +389,14 @@ class TmaPagedKV(PagedKVLoader):
 
     @cute.jit
     def _load_boxes(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
-                    rank, cols, page=None):
+                    rank, cols):
         """One warp issues this CTA's boxes of the tile: since warp_per_box, always exactly one box
-        (pages 64 and 128, and page 32 in a 2-CTA cluster), the code as it was for those pages.
-        ``page``: that box's block_table entry, read by the caller (``page_id_in_table``)."""
+        (pages 64 and 128, and page 32 in a 2-CTA cluster), the code as it was for those pages."""
         P = self.page_size
         box = self.box_rows
         # Page ids first: the block_table loads of all boxes go out together, before the wait for the
         # stage, instead of one dependent load ahead of each box's TMA.
-        if const_expr(page is not None):
-            assert self.pages_without_length(), "a caller's page id is for the one-box path only"
-            pages = cute.make_rmem_tensor(self.boxes_per_cta, Int32)
-            pages[0] = page
-        else:
-            pages = self.box_pages(mBlockTable, r, blk, last_page, rank)
+        pages = self.box_pages(mBlockTable, r, blk, last_page, rank)
         pipe.producer_acquire(state)
         bar = pipe.producer_get_barrier(state)
         for b in cutlass.range_constexpr(self.boxes_per_cta):

@@ -67,21 +67,6 @@ class MLADecode2WG(MLADecodeBase):
     # 4096, 0.98-0.99 at b32 1024 keys and b1 s2 h128 4096, 0.98-1.003 on the 13 other configs measured.
     # 0: off. A class constant (the kernel cache keys on the sources).
     l2_prefetch_chunk_tiles = 8
-    # The block_table entries of the chunk's first two tiles read beside the request's length rather
-    # than after it (``paged_kv.TmaPagedKV.page_id_in_table``; pages of 64 and 128 tokens, no split
-    # cluster): the first K load of a CTA waits for two dependent global loads after its plan row
-    # (length, then page id) instead of one each, which the latency rows pay once per CTA. Off: not
-    # measured yet (scripts/entry_ab.py mode ``2wg-early-pages``). A class constant like the others.
-    early_head_pages = False
-    # WG0 issues its P.V of a tile before handing P to WG1 (P_EMPTY wait, P and the row factors into
-    # smem, fence, P_FULL), instead of after: the hand-off's ~17 stores, proxy fence and barriers then
-    # run beside that P.V rather than between the softmax and the first P.V, when the tensor cores are
-    # idle; WG1's P.V starts that much later, behind WG0's in the pipe. WG1's copy of P is converted
-    # again from the fp32 scores, but ptxas merges the two conversions, so the hand-off's stores read
-    # the registers the in-flight P.V reads (PTX calls that undefined; ptxas adds no wait): the GPU
-    # tests and synccheck must confirm this form. Off: not measured yet (scripts/entry_ab.py mode
-    # ``2wg-late-hand-off``).
-    hand_p_after_pv = False
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -134,18 +119,13 @@ class MLADecode2WG(MLADecodeBase):
 
                 rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
                 rP.store(acc_s.load().to(self.dtype))
-                if const_expr(not self.hand_p_after_pv):
-                    self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
+                self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
 
                 softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
                 valid = seqlen - blk * self.block_n
                 if valid < self.block_n:
                     self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
                 self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
-                if const_expr(self.hand_p_after_pv):
-                    rP_wg1 = cute.make_rmem_tensor_like(acc_s, self.dtype)
-                    rP_wg1.store(acc_s.load().to(self.dtype))
-                    self.hand_p_to_wg1(rP_wg1, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
                 warpgroup.wait_group(0)
                 self.loader.consumer_release(pipe_k, k_state)
                 k_state.advance()
@@ -242,21 +222,13 @@ class MLADecode2WG(MLADecodeBase):
         # 1 when this chunk's Q and first K tiles were issued at the end of the previous chunk.
         prefetched = Int32(0)
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
-            head_pages = None
-            if const_expr(self.reads_head_pages_early()):
-                # From the plan row alone (the chunk's first tile), before chunk_bounds reads the length.
-                first = Int32(0)
-                if r == begin_req:
-                    first = begin_block
-                head_pages = (self.loader.page_id_in_table(mBlockTable, r, first),
-                              self.loader.page_id_in_table(mBlockTable, r, first + 1))
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
             start, stop = self.tile_range(seqlen, start, stop)
             if prefetched == 0:
                 q_prod, k_prod = self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod,
                                                       tma_k, mK, sK, mBlockTable, pipe_k, k_prod, m_block, kv_head,
-                                                      r, start, stop, seqlen, wg_tidx, head_pages)
+                                                      r, start, stop, seqlen, wg_tidx)
             prefetched = Int32(0)
             acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((BLOCK_M, HALF)), Float32)
             acc_o.fill(0.0)
@@ -337,26 +309,16 @@ class MLADecode2WG(MLADecodeBase):
 
     @cute.jit
     def load_chunk_head(self, is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK,
-                        mBlockTable, pipe_k, k_prod, m_block, kv_head, r, start, stop, seqlen, wg_tidx,
-                        head_pages=None):
-        """Q of request ``r`` and its chunk's first ``kv_stages`` K tiles (producer warps of WG1);
-        ``head_pages``: their block_table entries, read early (``early_head_pages``)."""
+                        mBlockTable, pipe_k, k_prod, m_block, kv_head, r, start, stop, seqlen, wg_tidx):
+        """Q of request ``r`` and its chunk's first ``kv_stages`` K tiles (producer warps of WG1)."""
         if is_q_producer:
             self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
             q_prod.advance()
         if is_k_producer:
-            if const_expr(head_pages is not None):
-                for i in cutlass.range_constexpr(self.kv_stages):
-                    if start + i < stop:
-                        self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, start + i, seqlen,
-                                              kv_head, wg_tidx, page=head_pages[i])
-                        k_prod.advance()
-            else:
-                for blk in cutlass.range(start, cutlass.min(start + self.kv_stages * self.split_cluster, stop),
-                                          self.split_cluster, unroll=1):
-                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head,
-                                          wg_tidx)
-                    k_prod.advance()
+            for blk in cutlass.range(start, cutlass.min(start + self.kv_stages * self.split_cluster, stop),
+                                      self.split_cluster, unroll=1):
+                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx)
+                k_prod.advance()
             if const_expr(self.prefetches_short_chunks()):
                 # Every tile after the first kv_stages, if the chunk is short and has any: the page ids
                 # first (``page_id`` clamps to the request's last page, so all are safe to read once the
@@ -391,12 +353,6 @@ class MLADecode2WG(MLADecodeBase):
             return start, stop
         per_block = BLOCK_N // self.block_n
         return start * per_block, cutlass.min(stop * per_block, (seqlen + self.block_n - 1) // self.block_n)
-
-    def reads_head_pages_early(self) -> bool:
-        """Whether the chunk's first page ids are read beside its length (``early_head_pages``; the
-        loader must pick pages without the length, and no split cluster, whose CTAs start at their rank)."""
-        return (self.early_head_pages and paged_kv.uses_tma(self.page_size) and self.split_cluster == 1
-                and self.loader.pages_without_length() and self.kv_stages == 2)
 
     def prefetches_short_chunks(self) -> bool:
         """Whether short chunks are prefetched into L2 whole (``l2_prefetch_chunk_tiles``; TMA pages only)."""

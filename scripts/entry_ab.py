@@ -30,7 +30,6 @@ from pipelines import paged_kv  # noqa: E402,F401  (first: it pins the DSL's tar
 from pipelines.launch import DecodeEntry  # noqa: E402
 from pipelines.variant_2wg import MLADecode2WG  # noqa: E402
 from pipelines.variant_seesaw import MLADecodeSeesaw  # noqa: E402
-from pipelines.variant_seesaw2 import MLADecodeSeesaw2  # noqa: E402
 
 import cutlass.cute as cute  # noqa: E402
 
@@ -45,8 +44,6 @@ MODES = {
     "2wg-no-hint": ("2wg", _sub(MLADecode2WG, kv_l2_hint=None), True),
     "2wg-l2-prefetch": ("2wg", _sub(MLADecode2WG, l2_prefetch_ahead=2), True),  # K tiles into L2 two ahead
     "2wg-no-short": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=0), True),  # short chunks not prefetched
-    "2wg-early-pages": ("2wg", _sub(MLADecode2WG, early_head_pages=True), True),  # head page ids beside the length
-    "2wg-late-hand-off": ("2wg", _sub(MLADecode2WG, hand_p_after_pv=True), True),  # WG0's P.V before P goes to WG1
     "2wg-l2-short6": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=6), True),  # chunks <= 6 tiles into L2
     "2wg-l2-short16": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=16), True),
     "2wg-evict-first": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_first"), True),
@@ -54,7 +51,6 @@ MODES = {
     "3wg": ("3wg", None, False),
     "seesaw": ("seesaw", None, False),
     "seesaw-evict-first": ("seesaw", _sub(MLADecodeSeesaw, kv_l2_hint="evict_first"), False),
-    "seesaw2": ("2wg", MLADecodeSeesaw2, False),  # experimental: per-box K barriers, QK behind P.V, no cluster
 }
 
 

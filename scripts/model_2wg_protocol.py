@@ -38,8 +38,6 @@ P_FULL, P_EMPTY, WG0_BAR, WG1_BAR, QK_ISSUED = 1, 2, 3, 4, 5  # variant_2wg's id
 FORMS = {
     # name: (tile tokens, stages, WG0 schedule, defer_pv_r)
     "2wg": (64, 2, "eager", False),
-    # MLADecode2WG.hand_p_after_pv: WG0 issues its P.V of a tile before the P hand-off to WG1.
-    "2wg-late-hand-off": (64, 2, "late", False),
     "overlap": (32, 4, "overlap", False),
     "overlap-defer": (32, 4, "overlap", True),
     # Broken on purpose (the model must catch them): WG1 deferred behind an eager WG0 that never
@@ -100,15 +98,14 @@ class Sim2WG(base.Sim):
         q_phase = 0
         rp = ("rP", w)
 
-        def hand_off(r, blk, stage, late=False):
-            if not late:
-                self.write(actor, rp, ("P", r, blk))
+        def hand_off(r, blk, stage):
+            self.write(actor, rp, ("P", r, blk))
             yield from self.nb(actor, P_EMPTY, 256, ("hand", r, blk), True)
             self.write(actor, "sP", ("P", r, blk))
             self.write(actor, "scale", ("P", r, blk))
             yield ("step",)
             yield from self.nb(actor, P_FULL, 256, ("hand", r, blk), False)
-            if not late and blk_valid(r, blk) < self.tile:  # zero_v_rows (V_L columns of the stage)
+            if blk_valid(r, blk) < self.tile:  # zero_v_rows (V_L columns of the stage)
                 yield from self.nb(actor, WG0_BAR, 128, ("zero", r, blk), True)
 
         def blk_valid(r, blk):
@@ -119,7 +116,7 @@ class Sim2WG(base.Sim):
 
         for r, start, stop, seqlen in self.chunks:
             yield ("mwait", self.q_full, q_phase)
-            if self.wg0_form in ("eager", "late"):
+            if self.wg0_form == "eager":
                 for blk in range(start, stop):
                     yield ("mwait", self.k_full[rd], rd_phase)
                     self.wgmma(actor, 0, "QK", [("sQ", ("Q", r)), (("sK", rd), ("K", r, blk))])
@@ -127,15 +124,8 @@ class Sim2WG(base.Sim):
                     yield ("step",)
                     self.wait_group(actor, 0)
                     yield ("step",)  # softmax
-                    if self.wg0_form == "eager":
-                        yield from hand_off(r, blk, rel)
-                        pv(r, blk, rel)
-                    else:  # P into registers, zero_v_rows, P.V issued, then the hand-off beside it
-                        self.write(actor, rp, ("P", r, blk))
-                        if blk_valid(r, blk) < self.tile:
-                            yield from self.nb(actor, WG0_BAR, 128, ("zero", r, blk), True)
-                        pv(r, blk, rel)
-                        yield from hand_off(r, blk, rel, late=True)
+                    yield from hand_off(r, blk, rel)
+                    pv(r, blk, rel)
                     yield ("step",)
                     self.wait_group(actor, 0)
                     self.k_empty[rel].arrive(("K", r, blk))

@@ -356,7 +356,7 @@ SCENARIOS = {
 
 def collect_errors(make_sim, runs: int, seed: int = 0) -> dict:
     """{error key: [count, first message]} over ``runs`` schedules, ``make_sim(schedule_seed)`` building
-    each run's simulator (this model's and the 2wg / seesaw2 models')."""
+    each run's simulator (this model's and the 2wg model's)."""
     errors = {}
     for i in range(runs):
         try:

@@ -1,7 +1,6 @@
 """Shared test setup.
 
 - ``@pytest.mark.gpu`` tests are skipped, with the reason, unless a Hopper (sm_90) GPU is usable.
-- ``tests/test_seesaw2_gpu.py`` (the experimental seesaw2 kernel) runs after every other test.
 - ``fake_kernel``: makes the kernel path runnable on the CPU, for testing the API glue (validation
   order, planning, allocation, what reaches the compiled launch) without a GPU. It marks the
   pipelines as available with fixed page sizes, lets the kernel path accept CPU tensors, and replaces
@@ -31,9 +30,6 @@ FAKE_PAGE_SIZES = {"2wg": paged_kv.PAGE_SIZES, "3wg": (64,)}
 
 
 def pytest_collection_modifyitems(config, items):
-    # The experimental seesaw2 kernel's GPU tests run last: their hang guard ends the process if a
-    # launch never finishes, and every other test should have run by then.
-    items.sort(key=lambda item: getattr(getattr(item, "module", None), "__name__", "").endswith("test_seesaw2_gpu"))
     reason = hopper_skip_reason()
     if reason is None:
         return

@@ -23,7 +23,7 @@ def model():
     return module
 
 
-@pytest.mark.parametrize("form", ["2wg", "2wg-late-hand-off", "overlap", "overlap-defer"])
+@pytest.mark.parametrize("form", ["2wg", "overlap", "overlap-defer"])
 def test_protocol_holds(model, form):
     for scenario, errors in model.run_form(form, runs=40).items():
         assert not errors, (scenario, errors)

@@ -1,13 +1,10 @@
-"""A numerical model of the seesaw pipelines' per-iteration algebra (pipelines/variant_seesaw.py and the
-experimental pipelines/variant_seesaw2.py) and of lazy rescaling (pipelines/softmax.py), checked
-against a plain softmax on the CPU.
+"""A numerical model of the seesaw pipeline's per-iteration algebra (pipelines/variant_seesaw.py) and of
+lazy rescaling (pipelines/softmax.py), checked against a plain softmax on the CPU.
 
 The model keeps what the kernel keeps: one running max per row shared by the two warpgroups, a row
 sum per warpgroup, O split in two column halves, P rounded to bf16 before each P.V, P0 handed over
 relative to m0 (WG1 moves O_R to m0 before adding it), m1 = max(m0, rowmax S1), the max moved only by
 more than ``LAZY_RESCALE_LOG2`` (log2 units), and a chunk that ends on an iteration without t1.
-seesaw2 differs in where the rescales go: WG1 moves O_R from m to m1 in one pass (the product of the
-two factors), and WG0 rescales its P0 (not O_R) to m1 before handing it over, and then O_L.
 """
 from __future__ import annotations
 
@@ -98,48 +95,6 @@ def seesaw_model(scores: torch.Tensor, v: torch.Tensor, scale: float):
     return _finish(l0, l1, o_l, o_r, m, c)
 
 
-def seesaw2_model(scores: torch.Tensor, v: torch.Tensor, scale: float):
-    """(out, lse) of one chunk as the seesaw2 kernel computes it (same arguments as ``seesaw_model``)."""
-    c, half, n_tiles, m, l0, l1, o_l, o_r = _chunk_state(scores, v, scale)
-    for t0 in range(0, n_tiles, 2):
-        t1 = t0 + 1
-        s0 = scores[:, t0 * TILE:(t0 + 1) * TILE]
-        v0 = v[t0 * TILE:(t0 + 1) * TILE]
-        # WG0: softmax of t0 against m (online step): m0, P0 (fp32, relative to m0), O_L += P0.V_L.
-        m0 = _lazy_max(m, s0, c)
-        f0 = _factor(m, m0, c)
-        p0 = torch.exp2(s0 * c - (_safe(m0) * c)[:, None])
-        l0 = l0 * f0 + p0.sum(dim=1)
-        o_l = o_l * f0[:, None] + p0.to(torch.bfloat16).float() @ v0[:, :half]
-        # WG1: raise_max from m to m0, then the online step of t1 against m0; O_R rescaled once.
-        a = _factor(m, m0, c)
-        l1 = l1 * a
-        factor_r = a
-        if t1 < n_tiles:
-            s1 = scores[:, t1 * TILE:(t1 + 1) * TILE]
-            v1 = v[t1 * TILE:(t1 + 1) * TILE]
-            m1 = _lazy_max(m0, s1, c)
-            g1 = _factor(m0, m1, c)
-            p1 = torch.exp2(s1 * c - (_safe(m1) * c)[:, None])
-            l1 = l1 * g1 + p1.sum(dim=1)
-            factor_r = a * g1
-        else:
-            m1 = m0
-        o_r = o_r * factor_r[:, None]
-        if t1 < n_tiles:
-            o_r = o_r + p1.to(torch.bfloat16).float() @ v1[:, half:]
-        # WG0: raise_max from m0 to m1; P0 moves to m1 (for WG1's P.V of t0), then O_L and its row sum.
-        g = _factor(m0, m1, c)
-        l0 = l0 * g
-        p0_m1 = (p0 * g[:, None]).to(torch.bfloat16).float()
-        o_r = o_r + p0_m1 @ v0[:, half:]
-        o_l = o_l * g[:, None]
-        if t1 < n_tiles:
-            o_l = o_l + p1.to(torch.bfloat16).float() @ v1[:, :half]
-        m = m1
-    return _finish(l0, l1, o_l, o_r, m, c)
-
-
 def plain_softmax(scores, v, scale):
     s = scores.double() * scale
     lse = torch.logsumexp(s, dim=1)
@@ -156,10 +111,9 @@ PROFILES = {
 }
 
 
-@pytest.mark.parametrize("model", ["seesaw", "seesaw2"])
 @pytest.mark.parametrize("keys", [64, 100, 128, 320, 1000])  # odd and even tile counts, ragged tails
 @pytest.mark.parametrize("profile", sorted(PROFILES))
-def test_seesaw_model_matches_softmax(keys, profile, model):
+def test_seesaw_model_matches_softmax(keys, profile):
     gen = torch.Generator().manual_seed(keys + len(profile))
     rows = 16
     scale = 576 ** -0.5
@@ -172,7 +126,7 @@ def test_seesaw_model_matches_softmax(keys, profile, model):
     scores[3] = -math.inf  # a row that sees no key
     v = torch.randn(scores.shape[1], 512, generator=gen)
     v[keys:] = 0.0  # zeroed V rows past the end (zero_v_rows)
-    out, lse = {"seesaw": seesaw_model, "seesaw2": seesaw2_model}[model](scores, v, scale)
+    out, lse = seesaw_model(scores, v, scale)
     ref_out, ref_lse = plain_softmax(scores, v, scale)
     assert torch.isfinite(out).all()
     assert torch.equal(out[3], torch.zeros(512)) and lse[3].item() == math.inf
