@@ -7,7 +7,8 @@ Public API (FlashMLA-compatible names and argument positions)::
 - ``get_mla_metadata(cache_seqlens, s_q * h_q // h_kv, h_kv)`` -> ``(tile_scheduler_metadata,
   num_splits)``; ``get_mla_metadata()`` -> ``(MLASchedMeta(), None)``, planned on first use.
 - ``flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, tile_scheduler_metadata,
-  num_splits, softmax_scale=None, causal=False, *, pipeline="auto", out=None)`` -> ``(out, lse)``.
+  num_splits, softmax_scale=None, causal=False, *, pipeline="auto", out=None)`` -> ``(out, lse)``;
+  its split-kv workspace is kept per device and stream (``release_workspaces()`` drops them).
 - ``MLADecoder(pipeline="auto")``: ``plan(...)`` once, ``run(...)`` many times (CUDA-graph safe).
 - ``mla.reference.mla_decode_reference``: the fp32 reference (CPU or GPU).
 - ``torch.ops.mla.decode``: the decode as a torch custom op (``mla.ops``; registered on import), what
@@ -18,11 +19,11 @@ Public API (FlashMLA-compatible names and argument positions)::
 faster variant for the call's shape as measured into ``pipelines/auto_table.py``; ``resolve_pipeline``).
 """
 from .api import (DEFAULT_PIPELINE, PIPELINE_CHOICES, PIPELINE_ENV_VAR, MLADecoder, MLASchedMeta,
-                  flash_mla_with_kvcache, get_mla_metadata, resolve_pipeline)
+                  flash_mla_with_kvcache, get_mla_metadata, release_workspaces, resolve_pipeline)
 from .reference import mla_decode_reference
 from . import ops  # noqa: E402,F401 - registers torch.ops.mla.decode
 
 __all__ = [
     "get_mla_metadata", "flash_mla_with_kvcache", "MLADecoder", "MLASchedMeta", "mla_decode_reference",
-    "resolve_pipeline", "PIPELINE_CHOICES", "PIPELINE_ENV_VAR", "DEFAULT_PIPELINE",
+    "resolve_pipeline", "release_workspaces", "PIPELINE_CHOICES", "PIPELINE_ENV_VAR", "DEFAULT_PIPELINE",
 ]

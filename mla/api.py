@@ -72,6 +72,8 @@ _multicast_env_raw = _env_reader(MULTICAST_ENV_VAR)
 PARTIAL_ENV_VAR = "MLA_PARTIAL_DTYPE"  # pipelines.launch reads it when a kernel is looked up
 _partial_env_raw = _env_reader(PARTIAL_ENV_VAR)
 _split_cluster_env_raw = _env_reader(planner.SPLIT_CLUSTER_ENV_VAR)
+WORKSPACE_CACHE_ENV_VAR = "MLA_WORKSPACE_CACHE"  # "0": flash_mla_with_kvcache allocates its workspace per call
+_workspace_cache_env_raw = _env_reader(WORKSPACE_CACHE_ENV_VAR)
 
 
 def check_pipeline(pipeline) -> str:
@@ -378,6 +380,37 @@ def _remember(cache: dict, key, value) -> None:
     cache[key] = value
 
 
+# flash_mla_with_kvcache's split-kv workspaces, one per (device index, raw stream): calls on one
+# stream run in stream order, so each can reuse the buffer the previous one used (one allocation of
+# the three an eager call would make, ~2.5-4.5 us of host time).
+_WORKSPACES: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _flash_workspace(q: torch.Tensor, numel: int) -> torch.Tensor:
+    """The fp32 split-kv workspace of an eager ``flash_mla_with_kvcache`` call: the current stream's
+    cached buffer when it holds ``numel`` elements (grown, never shrunk, otherwise), a fresh one
+    under CUDA-graph capture (a captured launch must not share memory with eager calls), off the
+    CUDA device, or with ``MLA_WORKSPACE_CACHE=0``."""
+    if not q.is_cuda or _workspace_cache_env_raw() == "0" or torch.cuda.is_current_stream_capturing():
+        return q.new_empty(numel, dtype=torch.float32)
+    device = q.get_device()
+    key = (device, torch._C._cuda_getCurrentRawStream(device))
+    workspace = _WORKSPACES.get(key)
+    if workspace is None or workspace.numel() < numel:
+        # A larger one replaces it; the old buffer goes back to torch's allocator, which reuses its
+        # memory in this stream's order, after the launches already queued on it.
+        _WORKSPACES.pop(key, None)
+        workspace = _WORKSPACES[key] = q.new_empty(numel, dtype=torch.float32)
+    return workspace
+
+
+def release_workspaces() -> None:
+    """Drop the split-kv workspaces ``flash_mla_with_kvcache`` keeps per device and stream (their
+    memory goes back to torch's caching allocator; ``torch.cuda.empty_cache()`` returns it to the
+    driver). The next call on a stream allocates again."""
+    _WORKSPACES.clear()
+
+
 def _check_kernel_alignment(q, k_cache, out, workspace=None) -> None:
     """Base pointers the kernels assume 16-byte aligned, and the TMA stride multiples."""
     for name, t, mult in (("q", q, 8), ("k_cache", k_cache, 8), ("out", out, 8), ("workspace", workspace, 1)):
@@ -530,8 +563,11 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     No host synchronisation, unless the metadata is a fresh ``MLASchedMeta`` planned on the host.
     block_table's width is checked against the longest sequence only for host plans (the device
     planner never sees the lengths on the host); with a device plan a too-narrow block_table is
-    read out of bounds, as with FlashMLA. Allocates out (if not given), lse and the split-kv
-    workspace (one buffer) on every call; use ``MLADecoder`` to allocate once. The first call of a
+    read out of bounds, as with FlashMLA. Allocates out (if not given) and lse on every call; the
+    split-kv workspace (one fp32 buffer) is kept per device and stream and reused by the next call on
+    that stream (grown when a call needs more; a fresh one under CUDA-graph capture;
+    ``MLA_WORKSPACE_CACHE=0``: one per call; ``mla.release_workspaces()`` drops them). Use
+    ``MLADecoder`` to allocate nothing per call. The first call of a
     configuration loads (or compiles) its kernel; the checks of a call signature run once (module
     docstring). Under ``torch.compile`` this traces to ``torch.ops.mla.decode`` (plan a lazy
     ``MLASchedMeta`` before compiling).
@@ -562,7 +598,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     if out is None:
         out = new(call.out_shape, dtype=call.dtype)
     lse = new(call.lse_shape, dtype=torch.float32)
-    workspace = new(call.workspace_numel, dtype=torch.float32)
+    workspace = _flash_workspace(q, call.workspace_numel)
     try:
         call.launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
                     call.softmax_scale)

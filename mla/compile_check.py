@@ -11,7 +11,8 @@ counts the instructions that show the variant is on the intended path: ``HGMMA``
 (cp.async) and ``LDL``/``STL`` (local memory: register spills). The configurations cover both KV
 loaders and the multicast cluster (``DECODE_CONFIGS``): what a configuration promises follows from
 its page size and cluster (``loader_promises``) on top of the variant's own promises. It exits 1 if
-a kernel lacks an instruction it promises, has one it must not have, has its wgmma serialized, or
+a kernel lacks an instruction it promises, has one it must not have, has its wgmma serialized, touches
+global memory before its griddepcontrol.wait (``dependent_launch_problems``), or
 (3wg) does not start with the register count its setmaxnreg budgets are made for; 2 if the tools
 are missing.
 """
@@ -183,6 +184,42 @@ def count_sass(sass: str) -> dict[str, int]:
 MAX_WAITS_PER_HGMMA = 0.25
 
 
+# Global memory instructions (loads, stores, TMA, cp.async, atomics) a kernel launched with
+# programmatic dependent launch must not issue before its griddepcontrol.wait (SASS ``ACQBULK``).
+_GLOBAL_ACCESS = re.compile(r"\b(LDG|STG|UTMALDG|UTMASTG|UTMAPF|UBLKCP|LDGSTS|ATOMG|REDG|RED)\b")
+
+
+def sass_functions(sass: str) -> dict[str, str]:
+    """nvdisasm output split by kernel: ``{function name: its text}``."""
+    parts = re.split(r"^\s*\.section\s+\.text\.(\S+?),", sass, flags=re.M)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def dependent_launch_problems(sass: str) -> list[str]:
+    """The decode kernel's promise under programmatic dependent launch (``MLADecodeBase.
+    dependent_launch``): its griddepcontrol.wait (``ACQBULK``) comes before its first global memory
+    access, and its griddepcontrol.launch_dependents (``PREEXIT``, which lets the merge grid read the
+    plan) after the wait. Empty if it holds."""
+    problems = []
+    decode = [text for name, text in sass_functions(sass).items() if "MLADecode" in name]
+    if not decode:
+        return ["no decode kernel in the SASS"]
+    for text in decode:
+        lines = text.splitlines()
+        wait = next((i for i, line in enumerate(lines) if re.search(r"\bACQBULK\b", line)), None)
+        first = next((i for i, line in enumerate(lines) if _GLOBAL_ACCESS.search(line)), None)
+        trigger = next((i for i, line in enumerate(lines) if re.search(r"\bPREEXIT\b", line)), None)
+        if wait is None:
+            problems.append("no griddepcontrol.wait (ACQBULK)")
+        elif first is not None and first < wait:
+            problems.append(f"global access before griddepcontrol.wait: {lines[first].strip()}")
+        if trigger is None:
+            problems.append("no griddepcontrol.launch_dependents (PREEXIT)")
+        elif wait is not None and trigger < wait:
+            problems.append("griddepcontrol.launch_dependents before griddepcontrol.wait")
+    return problems
+
+
 def check_promises(counts: dict[str, int], need, forbid) -> list[str]:
     """Return the broken promises (empty if all hold)."""
     problems = [f"no {k}" for k in need if counts.get(k, 0) == 0]
@@ -279,6 +316,8 @@ def main(argv: list[str] | None = None) -> int:
                     f.write(sass)
         counts = count_sass(sass)
         problems = check_promises(counts, t.need, t.forbid)
+        if t.kind == "decode":
+            problems += dependent_launch_problems(sass)
         registers = cubin_registers(cubin)
         if t.registers is not None and registers != t.registers:
             problems.append(f"starts with {registers} registers per thread, not {t.registers}")

@@ -198,12 +198,13 @@ def capture_graph(fn, warmup: int = 3):
     return graph
 
 
-def capture_entries(entries: dict, inp: Inputs, dec) -> tuple[dict, dict]:
+def capture_entries(entries: dict, inp: Inputs, dec, calls: int = 1) -> tuple[dict, dict]:
     """One graph (``capture_graph``) per compiled decode entry of ``entries`` (``{name: fn}``, the
     signature of ``pipelines.launch.DecodeEntry``), each launched on ``inp`` with the plan, workspace
     and softmax scale of the planned ``mla.MLADecoder`` ``dec``, and writing its own ``out`` and lse
-    (A/B scripts: several builds of one config's kernel on the same inputs). Returns
-    ``(graphs, outs)``, both keyed by name."""
+    (A/B scripts: several builds of one config's kernel on the same inputs); ``calls`` launches in a
+    row per graph (back-to-back decodes, as the layers of a model step: what a dependent launch of
+    the decode overlaps). Returns ``(graphs, outs)``, both keyed by name."""
     import torch
 
     out_shape = (*inp.q.shape[:3], 512)  # [b, s_q, h_q, 512]
@@ -211,9 +212,11 @@ def capture_entries(entries: dict, inp: Inputs, dec) -> tuple[dict, dict]:
     for name, fn in entries.items():
         out = outs[name] = torch.empty(out_shape, dtype=inp.q.dtype, device=inp.q.device)
         lse = torch.empty_like(dec._lse)
-        fns[name] = (lambda fn=fn, out=out, lse=lse: fn(
-            inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, dec.tile_scheduler_metadata, dec.num_splits,
-            out, lse, dec._workspace, dec._scale))
+        def run(fn=fn, out=out, lse=lse):
+            for _ in range(calls):
+                fn(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, dec.tile_scheduler_metadata,
+                   dec.num_splits, out, lse, dec._workspace, dec._scale)
+        fns[name] = run
     graphs = {name: capture_graph(fn) for name, fn in fns.items()}
     torch.cuda.synchronize()
     return graphs, outs

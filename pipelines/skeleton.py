@@ -67,6 +67,12 @@ class MLADecodeBase:
     # Tokens per K tile (one smem stage, one QK wgmma N). The split plan counts in 64-token blocks
     # (``BLOCK_N``, ``chunk_bounds``) whatever this is; a variant that stages smaller tiles converts.
     block_n = BLOCK_N
+    # Programmatic dependent launch of this kernel (``dependent_launch``): the grid may be scheduled
+    # while the kernel before it in the stream (the previous decode's merge, the split planner)
+    # finishes, and waits in griddepcontrol.wait, before its first global access, for that kernel to
+    # complete. Back-to-back decodes then overlap the launch and the prologue (barrier init, descriptor
+    # prefetch) with the previous call's tail. A class constant like lazy_rescale (an A/B sets it False).
+    dependent_launch = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -176,6 +182,7 @@ class MLADecodeBase:
             smem=SharedStorage.size_in_bytes(),
             stream=stream,
             min_blocks_per_mp=1,
+            use_pdl=self.dependent_launch,
         )
 
     def cluster_shape(self):
@@ -225,11 +232,6 @@ class MLADecodeBase:
             if const_expr(tma_k is not None):
                 cpasync.prefetch_descriptor(tma_k)
 
-        # Let the split-kv merge grid (launched with programmatic dependent launch) be scheduled now:
-        # its CTAs read the plan and wait in griddepcontrol.wait for this grid to finish, so the
-        # merge's launch latency hides behind this kernel. No-op when nothing depends on this grid.
-        cute.arch.griddepcontrol_launch_dependents()
-
         smem = cutlass.utils.SmemAllocator()
         storage = smem.allocate(self.shared_storage)
         # Layouts come in as kernel arguments: IR values built on the host side cannot be captured.
@@ -247,6 +249,18 @@ class MLADecodeBase:
             cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
+        # Launched with programmatic dependent launch: everything above touched only this CTA's
+        # shared memory and the kernel parameters; every global read or write (plan, lengths, page
+        # ids, Q, K, outputs, the workspace the previous call's merge may still be reading) comes
+        # after the previous kernel in the stream has completed. A no-op for a plain launch.
+        if const_expr(self.dependent_launch):
+            cute.arch.griddepcontrol_wait()
+        # Let the split-kv merge grid (launched with programmatic dependent launch) be scheduled now:
+        # its CTAs read the plan and wait in griddepcontrol.wait for this grid to finish, so the
+        # merge's launch latency hides behind this kernel. Only after the wait above: the merge
+        # reads the plan before its own wait, so the plan's writer (the planner kernel) must have
+        # completed. No-op when nothing depends on this grid.
+        cute.arch.griddepcontrol_launch_dependents()
 
         # The roles read this CTA's work list themselves (``work_list``): a variant that resizes its
         # warpgroups' registers (setmaxnreg) reads it after doing so.

@@ -7,7 +7,8 @@ For each config one ``MLADecoder`` is planned (2wg's plan; every variant reads t
 each ``--mode`` compiles the decode entry with one kernel class (``MODES``: a variant, or a subclass
 that changes one class constant), captures it in its own graph on the same inputs and plan
 (``perf_table.bench.capture_entries``), and the graphs are timed in interleaved rounds, ``--passes``
-times. Printed: medians and each mode's paired ratio against the first mode (median over rounds of
+times (``--calls N``: N decodes in a row per graph, medians per decode). Printed: medians and each
+mode's paired ratio against the first mode (median over rounds of
 its replay / the first mode's replay in the same round). Outputs are compared with the first mode's:
 modes that only change a load's cache policy must match bit for bit; the others to bf16 rounding.
 """
@@ -47,6 +48,7 @@ MODES = {
     "2wg-l2-short6": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=6), True),  # chunks <= 6 tiles into L2
     "2wg-l2-short16": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=16), True),
     "2wg-evict-first": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_first"), True),
+    "2wg-no-pdl": ("2wg", _sub(MLADecode2WG, dependent_launch=False), True),  # plain launch of the decode
     "2wg-evict-last": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_last"), True),
     "3wg": ("3wg", None, False),
     "seesaw": ("seesaw", None, False),
@@ -54,7 +56,7 @@ MODES = {
 }
 
 
-def measure(cfg, modes, replays: int, passes: int, compiled: dict) -> dict:
+def measure(cfg, modes, replays: int, passes: int, compiled: dict, calls: int = 1) -> dict:
     import dataclasses
 
     import torch
@@ -82,7 +84,8 @@ def measure(cfg, modes, replays: int, passes: int, compiled: dict) -> dict:
                                    split_cluster=d.split_cluster)
             compiled[key] = cute.compile(entry, *entry_args(conf), options=TVM_FFI_OPTION)
     graphs, outs = bench.capture_entries(
-        {mode: compiled[(dataclasses.replace(base, variant=MODES[mode][0]), mode)] for mode in modes}, inp, dec)
+        {mode: compiled[(dataclasses.replace(base, variant=MODES[mode][0]), mode)] for mode in modes}, inp, dec,
+        calls=calls)
     first = modes[0]
     diffs = {}
     for mode in modes[1:]:
@@ -95,7 +98,7 @@ def measure(cfg, modes, replays: int, passes: int, compiled: dict) -> dict:
     rows = []
     for p in range(passes):
         samples = bench.time_graphs_interleaved(graphs, replays=replays)
-        med = {m: round(statistics.median(s), 2) for m, s in samples.items()}
+        med = {m: round(statistics.median(s) / calls, 2) for m, s in samples.items()}
         paired = {m: round(runner.paired_ratio(samples[m], samples[first]), 4) for m in modes[1:]}
         rows.append(dict(medians=med, paired=paired))
         print(f"  {cfg.label():<26} pass {p + 1}: " + ", ".join(f"{m} {v:.2f}" for m, v in med.items())
@@ -110,6 +113,8 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", action="append", default=[], choices=sorted(MODES))
     ap.add_argument("--replays", type=int, default=300)
     ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--calls", type=int, default=1,
+                    help="decodes in a row per graph (medians are per decode): back-to-back calls, as in a model step")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -118,7 +123,7 @@ def main(argv=None) -> int:
     modes = args.mode or ["2wg", "2wg-evict-first"]
     configs = [grid.Config(*(int(x) for x in c.split(","))) for c in args.config] or [grid.Config(*c) for c in CONFIGS]
     compiled = {}
-    rows = [measure(cfg, modes, args.replays, args.passes, compiled) for cfg in configs]
+    rows = [measure(cfg, modes, args.replays, args.passes, compiled, args.calls) for cfg in configs]
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(dict(modes=modes, rows=rows), indent=1))
     return 0

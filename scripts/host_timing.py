@@ -10,7 +10,10 @@ host time per call (the loop alone: the enqueue cost, while the launch queue has
 page 64, on the current GPU, for: ``mla.MLADecoder.run`` (planned once,
 ``out`` given), ``mla.flash_mla_with_kvcache`` (metadata from ``get_mla_metadata`` once),
 ``torch.ops.mla.decode`` (the custom op called eagerly), the compiled launch alone (no checks, no
-allocation: the TVM-FFI call floor) and one CUDA graph replay of ``MLADecoder.run`` (the GPU time).
+allocation: the TVM-FFI call floor), the same entry compiled with a plain launch of the decode kernel
+(``dependent_launch = False``: the A/B of its programmatic dependent launch), ``flash_mla_with_kvcache``
+again with its workspace allocated per call (``MLA_WORKSPACE_CACHE=0``) and one CUDA graph replay of
+``MLADecoder.run`` (the GPU time).
 
 ``pieces``: host time per call (the loop alone, median of ``--rounds`` rounds of ``--calls``) of each step of a cached
 ``flash_mla_with_kvcache`` call, timed separately: the signature key and its lookup, each of the three
@@ -87,7 +90,12 @@ def eager(args) -> int:
         "torch.ops.mla.decode (eager)": lambda: torch.ops.mla.decode(q, k, bt, sl, meta, splits, out, lse, ws, scale,
                                                                      False, "2wg"),
         "compiled launch alone (TVM-FFI call)": lambda: launch(q, k, bt, sl, meta, splits, out, lse, ws, scale),
+        "compiled launch, decode without PDL": lambda: no_pdl(q, k, bt, sl, meta, splits, out, lse, ws, scale),
     }
+    no_pdl = _no_pdl_launch(args.h_q)
+    # flash_mla_with_kvcache once more with its workspace allocated per call (MLA_WORKSPACE_CACHE=0),
+    # timed right after the default form: the cost of the allocation the workspace cache saves.
+    per_call_workspace = "flash_mla_with_kvcache, workspace per call"
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; b{args.b} s_q1 h{args.h_q} seqlen "
           f"{args.seqlen} bf16 page 64; {args.calls} back-to-back calls, median of {args.rounds} rounds")
     print(f"  {'':<42} {'wall':>7}    {'host':>7}   (wall: to the final synchronize, the issue's measure; it "
@@ -95,8 +103,43 @@ def eager(args) -> int:
           f"has room)")
     for name, fn in calls.items():
         wall, host = _time_calls(torch, fn, args.calls, args.rounds, warmup=50)
-        print(f"  {name:<42} {statistics.median(wall):7.1f} us {statistics.median(host):7.1f} us per call  "
-              f"(wall rounds: {', '.join(f'{r:.1f}' for r in wall)})")
+        _print_row(name, wall, host)
+        if name.startswith("flash_mla_with_kvcache"):
+            os.environ[mla.api.WORKSPACE_CACHE_ENV_VAR] = "0"
+            try:
+                wall, host = _time_calls(torch, calls[name], args.calls, args.rounds, warmup=50)
+            finally:
+                os.environ.pop(mla.api.WORKSPACE_CACHE_ENV_VAR)
+            _print_row(per_call_workspace, wall, host)
+    _graph_time(torch, dec, q, k, bt, sl, out)
+    return 0
+
+
+def _print_row(name, wall, host):
+    print(f"  {name:<42} {statistics.median(wall):7.1f} us {statistics.median(host):7.1f} us per call  "
+          f"(wall rounds: {', '.join(f'{r:.1f}' for r in wall)})")
+
+
+def _no_pdl_launch(h_q):
+    """The 2wg decode entry of b s_q1 h_q page 64 compiled with ``dependent_launch = False`` (a plain
+    launch of the decode kernel), for the A/B beside the library's entry."""
+    import cutlass.cute as cute
+
+    from pipelines import paged_kv
+    from pipelines.launch import TVM_FFI_OPTION, DecodeConfig, DecodeEntry, entry_args, partial_from_env
+    from pipelines.variant_2wg import MLADecode2WG
+
+    conf = DecodeConfig.make("2wg", "bfloat16", h_q, 1, 64, False, 1, paged_kv.multicast_enabled(),
+                             partial_from_env())
+    entry = DecodeEntry(conf)
+    d = entry.decode
+    cls = type("MLADecode2WG_no_pdl", (MLADecode2WG,), {"dependent_launch": False})
+    entry.decode = cls(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv, multicast=d.cluster > 1)
+    return cute.compile(entry, *entry_args(conf), options=TVM_FFI_OPTION)
+
+
+def _graph_time(torch, dec, q, k, bt, sl, out):
+    """GPU time of one ``MLADecoder.run`` (CUDA graph replays between events)."""
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         dec.run(q, k, bt, sl, out=out)

@@ -45,7 +45,11 @@ Programmatic dependent launch: the entry launches this kernel with ``use_pdl`` a
 triggers its dependents when it starts, so this grid is scheduled while the main kernel runs;
 ``griddepcontrol.wait`` (a no-op without PDL) orders every read of a partial after the main
 kernel's completion and memory flush. The plan tensors are inputs of both kernels, so the slot test
-reads them before the wait.
+reads them before the wait (the main kernel lets this grid be scheduled only after its own wait, by
+when the plan's writer has completed). Idle CTAs return without waiting, except CTA (0, 0), which
+waits in any case so that this grid's completion implies the main kernel's. This grid lets the next
+one (the next decode, itself launched with programmatic dependent launch) be scheduled as soon as it
+starts.
 
 Layouts (docs/interfaces.md): o_accum [splits, rows, 512] fp32 or the input dtype (``partial_dtype``), lse_accum [splits, rows] fp32
 natural log (-inf = no key in that chunk), num_splits [b + 1] prefix sums, tile_scheduler_metadata
@@ -239,6 +243,9 @@ class SplitMerge:
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = tidx % 32
         rows = self.rows
+        # The next decode (launched with programmatic dependent launch) may be scheduled now: it waits
+        # in its own griddepcontrol.wait for this grid to complete before touching global memory.
+        cute.arch.griddepcontrol_launch_dependents()
         # Both plan fields at once (one round trip before the branch, not one on each side of it).
         begin_split = mMeta[part, BEGIN_SPLIT]
         r = mMeta[part, BEGIN_REQ]
@@ -344,3 +351,9 @@ class SplitMerge:
                     if rc % CHUNKS == 0:
                         if lane == 0:
                             mLSE[r, row % self.h_q, row // self.h_q] = lse
+        elif part == 0 and cta_y == 0:
+            # One CTA waits even when it has nothing to merge, so that this grid completes only after
+            # the main kernel has: what follows in the stream (the next decode's griddepcontrol.wait,
+            # any kernel reading out) then finds every output of the call written, whether or not the
+            # hardware orders a dependent grid's completion after its primary's.
+            cute.arch.griddepcontrol_wait()

@@ -362,6 +362,10 @@ class SplitPlanner:
         F = self.fixed_cost
         W = WALK_CHUNK
         chunks = _chunks(b)
+        # The decode that follows (launched with programmatic dependent launch) may be scheduled now:
+        # its CTAs wait in griddepcontrol.wait for this grid to complete before reading the plan, so
+        # its launch and prologue overlap the planning.
+        cute.arch.griddepcontrol_launch_dependents()
         # Dynamic smem, carved by hand (sizes are run-time values): header, requests, part begins.
         base32 = cute.arch.get_dyn_smem(Int32, alignment=16)
         sWarpTotal = cute.make_tensor(cute.arch.get_dyn_smem(Int64, alignment=16), cute.make_layout(NUM_WARPS))

@@ -206,3 +206,24 @@ def test_l2_prefetch_forms_issue_k_box_prefetches(attr, value, method):
     assert getattr(prefetching(cutlass_bf16(), 128, 1, 64, False), method)()
     assert not getattr(prefetching(cutlass_bf16(), 128, 1, 1, False), method)()  # cp.async gather: no TMA
     assert not getattr(off(cutlass_bf16(), 128, 1, 64, False), method)()
+
+
+def test_dependent_launch_order_in_sass():
+    """The decode kernel's griddepcontrol.wait (ACQBULK) must precede its first global access and its
+    launch_dependents (PREEXIT); other kernels in the cubin (the merge) are not held to it."""
+    def sass(decode_body, merge_body="PREEXIT ;\n LDG.E R0, desc[UR4][R2.64] ;\n ACQBULK ;\n"):
+        return (f"\t.section\t.text.kernel_SplitMerge_x,\"ax\",@progbits\n{merge_body}"
+                f"\t.section\t.text.kernel_MLADecode2WG_y,\"ax\",@progbits\n{decode_body}")
+
+    good = " SYNCS.EXCH.64 URZ, [UR57], UR4 ;\n BAR.SYNC 0x0 ;\n ACQBULK ;\n PREEXIT ;\n LDG.E R6, desc[UR4][R8.64] ;\n"
+    assert compile_check.dependent_launch_problems(sass(good)) == []
+    early_load = " LDG.E R6, desc[UR4][R8.64] ;\n ACQBULK ;\n PREEXIT ;\n"
+    assert compile_check.dependent_launch_problems(sass(early_load))[0].startswith("global access before")
+    early_tma = " UTMALDG.2D [UR8], [UR4] ;\n ACQBULK ;\n PREEXIT ;\n"
+    assert compile_check.dependent_launch_problems(sass(early_tma))[0].startswith("global access before")
+    early_trigger = " PREEXIT ;\n ACQBULK ;\n STG.E [R2.64], R0 ;\n"
+    assert compile_check.dependent_launch_problems(sass(early_trigger)) == [
+        "griddepcontrol.launch_dependents before griddepcontrol.wait"]
+    assert compile_check.dependent_launch_problems(sass(" LDG.E R6, desc[UR4][R8.64] ;\n")) == [
+        "no griddepcontrol.wait (ACQBULK)", "no griddepcontrol.launch_dependents (PREEXIT)"]
+    assert compile_check.dependent_launch_problems("") == ["no decode kernel in the SASS"]

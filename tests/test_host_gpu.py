@@ -167,3 +167,83 @@ def test_launch_follows_the_current_stream():
     ref_out, ref_lse = mla_decode_reference(p.q, p.k_cache, p.block_table, p.cache_seqlens)
     cmp = compare_to_reference(out, lse, ref_out, ref_lse)
     assert cmp.ok, cmp.message
+
+
+def test_back_to_back_calls_without_sync_match_the_reference(monkeypatch):
+    """Eager calls queued back to back, no synchronisation between them, each with its own q: every
+    decode is launched with programmatic dependent launch behind the previous call's merge, and
+    ``flash_mla_with_kvcache`` reuses one workspace per stream, so a decode that touched global memory
+    before the previous merge finished reading the partials would corrupt that call's output. Many
+    splits per request (one long request over 132 parts) make every merge read partials; the second
+    shape needs a larger workspace (the cached one grows while the first shape's calls are queued)."""
+    import mla
+    from mla import api
+    from mla.reference import compare_to_reference, mla_decode_reference
+
+    monkeypatch.delenv(api.WORKSPACE_CACHE_ENV_VAR, raising=False)
+    problems = [_problem(seqlens=(9000,), s_q=1, h_q=64, seed=11),
+                _problem(seqlens=(5000, 300, 7000), s_q=2, h_q=64, seed=12)]
+    metas = [mla.get_mla_metadata(p.cache_seqlens, p.q.shape[1] * 64, 1) for p in problems]
+    calls = []
+    torch.cuda.synchronize()
+    for i in range(12):
+        p, (meta, splits) = problems[i % 2 if i >= 4 else 0], metas[i % 2 if i >= 4 else 0]
+        q = _fresh_q(p.q)
+        out, lse = mla.flash_mla_with_kvcache(q, p.k_cache, p.block_table, p.cache_seqlens, 512, meta, splits,
+                                              causal=True)
+        calls.append((p, q, out, lse))
+    torch.cuda.synchronize()
+    for p, q, out, lse in calls:
+        ref_out, ref_lse = mla_decode_reference(q, p.k_cache, p.block_table, p.cache_seqlens, causal=True)
+        cmp = compare_to_reference(out, lse, ref_out, ref_lse)
+        assert cmp.ok, cmp.message
+    # MLADecoder.run into one out, back to back: each call's result read (copied) on the stream
+    # before the next call overwrites out.
+    p = problems[1]
+    dec = mla.MLADecoder()
+    dec.plan(p.cache_seqlens, num_heads_q=64, seq_len_q=2, causal=True)
+    out = torch.empty(3, 2, 64, 512, dtype=torch.bfloat16, device="cuda")
+    runs = []
+    for _ in range(8):
+        q = _fresh_q(p.q)
+        _, lse = dec.run(q, p.k_cache, p.block_table, p.cache_seqlens, out=out)
+        runs.append((q, out.clone(), lse.clone()))
+    torch.cuda.synchronize()
+    for q, got, lse in runs:
+        ref_out, ref_lse = mla_decode_reference(q, p.k_cache, p.block_table, p.cache_seqlens, causal=True)
+        cmp = compare_to_reference(got, lse, ref_out, ref_lse)
+        assert cmp.ok, cmp.message
+
+
+def test_flash_workspace_is_kept_per_stream(monkeypatch):
+    import mla
+    from mla import api
+
+    monkeypatch.delenv(api.WORKSPACE_CACHE_ENV_VAR, raising=False)
+    mla.release_workspaces()
+    small, large = _problem(seqlens=(700,), s_q=1, h_q=16), _problem(s_q=1, h_q=16)
+    plans = {id(p): mla.get_mla_metadata(p.cache_seqlens, 16, 1) for p in (small, large)}
+
+    def call(p):
+        return mla.flash_mla_with_kvcache(p.q, p.k_cache, p.block_table, p.cache_seqlens, 512, *plans[id(p)])
+
+    call(large)
+    (key, first), = api._WORKSPACES.items()
+    call(small)  # needs less: the same buffer
+    call(large)
+    assert api._WORKSPACES == {key: first}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call(small)
+    assert len(api._WORKSPACES) == 2 and api._WORKSPACES[key] is first  # its own buffer on another stream
+    torch.cuda.synchronize()
+    # Under capture a fresh one (the graph's memory pool), the cached buffers untouched.
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call(small)
+    assert len(api._WORKSPACES) == 2 and api._WORKSPACES[key] is first
+    monkeypatch.setenv(api.WORKSPACE_CACHE_ENV_VAR, "0")
+    mla.release_workspaces()
+    call(small)
+    assert api._WORKSPACES == {}
