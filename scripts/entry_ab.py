@@ -113,8 +113,9 @@ def main(argv=None) -> int:
     ap.add_argument("--mode", action="append", default=[], choices=sorted(MODES))
     ap.add_argument("--replays", type=int, default=300)
     ap.add_argument("--passes", type=int, default=2)
-    ap.add_argument("--calls", type=int, default=1,
-                    help="decodes in a row per graph (medians are per decode): back-to-back calls, as in a model step")
+    ap.add_argument("--calls", type=int, action="append", default=[],
+                    help="decodes in a row per graph (medians are per decode): back-to-back calls, as in a model "
+                         "step; repeat for several (the kernels compile once); default 1")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -123,7 +124,11 @@ def main(argv=None) -> int:
     modes = args.mode or ["2wg", "2wg-evict-first"]
     configs = [grid.Config(*(int(x) for x in c.split(","))) for c in args.config] or [grid.Config(*c) for c in CONFIGS]
     compiled = {}
-    rows = [measure(cfg, modes, args.replays, args.passes, compiled, args.calls) for cfg in configs]
+    rows = []
+    for calls in args.calls or [1]:
+        if len(args.calls) > 1:
+            print(f"{calls} decode(s) per graph")
+        rows += [dict(measure(cfg, modes, args.replays, args.passes, compiled, calls), calls=calls) for cfg in configs]
     if args.json:
         pathlib.Path(args.json).write_text(json.dumps(dict(modes=modes, rows=rows), indent=1))
     return 0
