@@ -74,6 +74,8 @@ _partial_env_raw = _env_reader(PARTIAL_ENV_VAR)
 _split_cluster_env_raw = _env_reader(planner.SPLIT_CLUSTER_ENV_VAR)
 WORKSPACE_CACHE_ENV_VAR = "MLA_WORKSPACE_CACHE"  # "0": flash_mla_with_kvcache allocates its workspace per call
 _workspace_cache_env_raw = _env_reader(WORKSPACE_CACHE_ENV_VAR)
+# "0" as the raw reader returns it (CPython keeps the environment encoded: bytes on POSIX).
+_WORKSPACE_CACHE_OFF = getattr(os.environ, "encodevalue", str)("0") if _ENV_DATA is not None else "0"
 
 
 def check_pipeline(pipeline) -> str:
@@ -391,7 +393,7 @@ def _flash_workspace(q: torch.Tensor, numel: int) -> torch.Tensor:
     cached buffer when it holds ``numel`` elements (grown, never shrunk, otherwise), a fresh one
     under CUDA-graph capture (a captured launch must not share memory with eager calls), off the
     CUDA device, or with ``MLA_WORKSPACE_CACHE=0``."""
-    if not q.is_cuda or _workspace_cache_env_raw() == "0" or torch.cuda.is_current_stream_capturing():
+    if not q.is_cuda or _workspace_cache_env_raw() == _WORKSPACE_CACHE_OFF or torch.cuda.is_current_stream_capturing():
         return q.new_empty(numel, dtype=torch.float32)
     device = q.get_device()
     key = (device, torch._C._cuda_getCurrentRawStream(device))
