@@ -384,16 +384,22 @@ def _remember(cache: dict, key, value) -> None:
 
 # flash_mla_with_kvcache's split-kv workspaces, one per (device index, raw stream): calls on one
 # stream run in stream order, so each can reuse the buffer the previous one used (one allocation of
-# the three an eager call would make, ~2.5-4.5 us of host time).
+# the three an eager call would make, ~2-4.5 us of host time).
 _WORKSPACES: dict[tuple[int, int], torch.Tensor] = {}
+WORKSPACE_CACHE_MAX_BYTES = 64 << 20
+"""Largest workspace kept (64 MiB: up to b = 123 at h_q 128, s_q 1, with 132 plan parts). A call that needs
+more allocates its own: its decode runs long enough that the allocation does not show, and keeping
+such buffers per stream would hold hundreds of MB."""
 
 
 def _flash_workspace(q: torch.Tensor, numel: int) -> torch.Tensor:
     """The fp32 split-kv workspace of an eager ``flash_mla_with_kvcache`` call: the current stream's
-    cached buffer when it holds ``numel`` elements (grown, never shrunk, otherwise), a fresh one
-    under CUDA-graph capture (a captured launch must not share memory with eager calls), off the
-    CUDA device, or with ``MLA_WORKSPACE_CACHE=0``."""
-    if not q.is_cuda or _workspace_cache_env_raw() == _WORKSPACE_CACHE_OFF or torch.cuda.is_current_stream_capturing():
+    kept buffer when it holds ``numel`` elements (grown, never shrunk, otherwise), a fresh one under
+    CUDA-graph capture (a captured launch must not share memory with eager calls), off the CUDA
+    device, for q on another device than the current one, above ``WORKSPACE_CACHE_MAX_BYTES``, or
+    with ``MLA_WORKSPACE_CACHE=0``."""
+    if (not q.is_cuda or numel > WORKSPACE_CACHE_MAX_BYTES // 4 or _workspace_cache_env_raw() == _WORKSPACE_CACHE_OFF
+            or q.get_device() != torch.cuda.current_device() or torch.cuda.is_current_stream_capturing()):
         return q.new_empty(numel, dtype=torch.float32)
     device = q.get_device()
     key = (device, torch._C._cuda_getCurrentRawStream(device))
@@ -409,7 +415,9 @@ def _flash_workspace(q: torch.Tensor, numel: int) -> torch.Tensor:
 def release_workspaces() -> None:
     """Drop the split-kv workspaces ``flash_mla_with_kvcache`` keeps per device and stream (their
     memory goes back to torch's caching allocator; ``torch.cuda.empty_cache()`` returns it to the
-    driver). The next call on a stream allocates again."""
+    driver). The next call on a stream allocates again. Call it before destroying a stream that is
+    not torch's own (``torch.cuda.ExternalStream``): the buffers are keyed by the raw stream handle,
+    which a new stream could reuse."""
     _WORKSPACES.clear()
 
 
@@ -567,8 +575,9 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     planner never sees the lengths on the host); with a device plan a too-narrow block_table is
     read out of bounds, as with FlashMLA. Allocates out (if not given) and lse on every call; the
     split-kv workspace (one fp32 buffer) is kept per device and stream and reused by the next call on
-    that stream (grown when a call needs more; a fresh one under CUDA-graph capture;
-    ``MLA_WORKSPACE_CACHE=0``: one per call; ``mla.release_workspaces()`` drops them). Use
+    that stream (grown when a call needs more, up to ``WORKSPACE_CACHE_MAX_BYTES``; a fresh one under
+    CUDA-graph capture, above that size, or with ``MLA_WORKSPACE_CACHE=0``;
+    ``mla.release_workspaces()`` drops them). Use
     ``MLADecoder`` to allocate nothing per call. The first call of a
     configuration loads (or compiles) its kernel; the checks of a call signature run once (module
     docstring). Under ``torch.compile`` this traces to ``torch.ops.mla.decode`` (plan a lazy

@@ -186,7 +186,11 @@ MAX_WAITS_PER_HGMMA = 0.25
 
 # Global memory instructions (loads, stores, TMA, cp.async, atomics) a kernel launched with
 # programmatic dependent launch must not issue before its griddepcontrol.wait (SASS ``ACQBULK``).
-_GLOBAL_ACCESS = re.compile(r"\b(LDG|STG|UTMALDG|UTMASTG|UTMAPF|UBLKCP|LDGSTS|ATOMG|REDG|RED)\b")
+# Generic loads/stores/atomics (``LD.E``, ``ST.E``, ``ATOM.E``, ``RED.E``) may address global memory too.
+# The check compares text order in the decode function, which has one top-level ACQBULK that every
+# thread executes (skeleton.MLADecodeBase.kernel).
+_GLOBAL_ACCESS = re.compile(r"\b(LDG|STG|UTMALDG|UTMASTG|UTMAREDG|UTMAPF|UBLKCP|UBLKRED|UBLKPF|LDGSTS|ATOMG|REDG|RED)\b"
+                            r"|\b(LD|ST|ATOM|RED)\.E\b")
 
 
 def sass_functions(sass: str) -> dict[str, str]:

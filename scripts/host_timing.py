@@ -105,11 +105,15 @@ def eager(args) -> int:
         wall, host = _time_calls(torch, fn, args.calls, args.rounds, warmup=50)
         _print_row(name, wall, host)
         if name.startswith("flash_mla_with_kvcache"):
+            saved = os.environ.get(mla.api.WORKSPACE_CACHE_ENV_VAR)
             os.environ[mla.api.WORKSPACE_CACHE_ENV_VAR] = "0"
             try:
                 wall, host = _time_calls(torch, calls[name], args.calls, args.rounds, warmup=50)
             finally:
-                os.environ.pop(mla.api.WORKSPACE_CACHE_ENV_VAR)
+                if saved is None:
+                    os.environ.pop(mla.api.WORKSPACE_CACHE_ENV_VAR)
+                else:
+                    os.environ[mla.api.WORKSPACE_CACHE_ENV_VAR] = saved
             _print_row(per_call_workspace, wall, host)
     _graph_time(torch, dec, q, k, bt, sl, out)
     return 0

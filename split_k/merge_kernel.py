@@ -5,8 +5,8 @@ chunk after its first begins a part: part ``p`` with ``begin_split >= 1`` holds 
 ``begin_split`` of request ``begin_req`` (split_k/planner.py). So the parts are the merge's *slots*:
 a request of ``n`` chunks owns the ``S = n - 1`` slots ``s = begin_split - 1`` of its parts 1..n-1,
 and the grid is ``[num_parts, Y]``. A CTA whose part begins no continuation chunk (part 0, parts
-that start a request whole, empty parts) returns after reading one metadata row, before it waits
-for the main kernel; unsplit requests are never touched. The old form (one CTA per request and
+that start a request whole, empty parts) returns after reading one metadata row, without waiting
+for the main kernel (except CTA (0, 0), below); unsplit requests are never touched. The old form (one CTA per request and
 row) launched ``b * rows`` CTAs whatever the plan: 16384 mostly idle CTAs at b128/h128 (11 us on an
 H200) and only 16 busy ones at b1/h16, each looping over 128 splits (17 us).
 
@@ -29,8 +29,8 @@ what the split planner's cost model gives a batch of ``b`` requests that all fil
 twice as wide): two compiled kernels, because 16 loads in flight take 98 registers (2 CTAs per SM)
 and 8 take 62 (4 per SM): where requests have at most 8 chunks both take one round, and the narrow
 kernel's occupancy wins (H200, b8 1024 keys: 0.8-1.0 us of 14-16). ``Y`` is the units per slot,
-``ceil(units(n_est) / (n_est - 1))``; skewed plans only make some CTAs loop more, and idle CTAs return
-before waiting for the main kernel. The choice depends on shapes only (b, num_parts, the block
+``ceil(units(n_est) / (n_est - 1))``; skewed plans only make some CTAs loop more, and idle CTAs (but
+CTA (0, 0)) return without waiting for the main kernel. The choice depends on shapes only (b, num_parts, the block
 table's width), so a captured graph keeps it.
 
 Inside a warp the merge is an online softmax over the warp's own splits: each round issues the
@@ -46,7 +46,9 @@ triggers its dependents when it starts, so this grid is scheduled while the main
 ``griddepcontrol.wait`` (a no-op without PDL) orders every read of a partial after the main
 kernel's completion and memory flush. The plan tensors are inputs of both kernels, so the slot test
 reads them before the wait (the main kernel lets this grid be scheduled only after its own wait, by
-when the plan's writer has completed). Idle CTAs return without waiting, except CTA (0, 0), which
+when the plan's writer has completed and flushed its writes; launch_dependents itself orders no
+memory, so this rests on that completion, and on a grid's first loads not hitting L1 lines left by an
+earlier grid, as when the main kernel was a plain launch). Idle CTAs return without waiting, except CTA (0, 0), which
 waits in any case so that this grid's completion implies the main kernel's. This grid lets the next
 one (the next decode, itself launched with programmatic dependent launch) be scheduled as soon as it
 starts.

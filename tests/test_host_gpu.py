@@ -170,12 +170,13 @@ def test_launch_follows_the_current_stream():
 
 
 def test_back_to_back_calls_without_sync_match_the_reference(monkeypatch):
-    """Eager calls queued back to back, no synchronisation between them, each with its own q: every
-    decode is launched with programmatic dependent launch behind the previous call's merge, and
-    ``flash_mla_with_kvcache`` reuses one workspace per stream, so a decode that touched global memory
-    before the previous merge finished reading the partials would corrupt that call's output. Many
-    splits per request (one long request over 132 parts) make every merge read partials; the second
-    shape needs a larger workspace (the cached one grows while the first shape's calls are queued)."""
+    """Eager calls queued back to back, nothing between them on the stream (every q and output is
+    made before the first call), no synchronisation: each decode is launched with programmatic
+    dependent launch right behind the previous call's merge, and ``flash_mla_with_kvcache`` reuses
+    one workspace per stream, so a decode that touched global memory before the previous merge
+    finished reading the partials would corrupt that call's output. Long requests over 132-part
+    plans make every merge read many partials; the second shape needs a larger workspace (the kept
+    one grows while the first shape's calls are queued)."""
     import mla
     from mla import api
     from mla.reference import compare_to_reference, mla_decode_reference
@@ -184,11 +185,12 @@ def test_back_to_back_calls_without_sync_match_the_reference(monkeypatch):
     problems = [_problem(seqlens=(9000,), s_q=1, h_q=64, seed=11),
                 _problem(seqlens=(5000, 300, 7000), s_q=2, h_q=64, seed=12)]
     metas = [mla.get_mla_metadata(p.cache_seqlens, p.q.shape[1] * 64, 1) for p in problems]
-    calls = []
+    order = [0, 0, 0, 0, 1, 0, 1, 0, 1, 1, 0, 1]
+    qs = [_fresh_q(problems[i].q) for i in order]
     torch.cuda.synchronize()
-    for i in range(12):
-        p, (meta, splits) = problems[i % 2 if i >= 4 else 0], metas[i % 2 if i >= 4 else 0]
-        q = _fresh_q(p.q)
+    calls = []
+    for i, q in zip(order, qs):
+        p, (meta, splits) = problems[i], metas[i]
         out, lse = mla.flash_mla_with_kvcache(q, p.k_cache, p.block_table, p.cache_seqlens, 512, meta, splits,
                                               causal=True)
         calls.append((p, q, out, lse))
@@ -197,21 +199,20 @@ def test_back_to_back_calls_without_sync_match_the_reference(monkeypatch):
         ref_out, ref_lse = mla_decode_reference(q, p.k_cache, p.block_table, p.cache_seqlens, causal=True)
         cmp = compare_to_reference(out, lse, ref_out, ref_lse)
         assert cmp.ok, cmp.message
-    # MLADecoder.run into one out, back to back: each call's result read (copied) on the stream
-    # before the next call overwrites out.
+    # MLADecoder.run back to back: one plan and one workspace for every call, an out and lse each.
     p = problems[1]
     dec = mla.MLADecoder()
     dec.plan(p.cache_seqlens, num_heads_q=64, seq_len_q=2, causal=True)
-    out = torch.empty(3, 2, 64, 512, dtype=torch.bfloat16, device="cuda")
-    runs = []
-    for _ in range(8):
-        q = _fresh_q(p.q)
-        _, lse = dec.run(q, p.k_cache, p.block_table, p.cache_seqlens, out=out)
-        runs.append((q, out.clone(), lse.clone()))
+    qs = [_fresh_q(p.q) for _ in range(8)]
+    outs = [torch.empty(3, 2, 64, 512, dtype=torch.bfloat16, device="cuda") for _ in qs]
+    lses = [torch.empty(3, 64, 2, device="cuda") for _ in qs]
     torch.cuda.synchronize()
-    for q, got, lse in runs:
+    for q, out, lse in zip(qs, outs, lses):
+        dec.run(q, p.k_cache, p.block_table, p.cache_seqlens, out=out, lse=lse)
+    torch.cuda.synchronize()
+    for q, out, lse in zip(qs, outs, lses):
         ref_out, ref_lse = mla_decode_reference(q, p.k_cache, p.block_table, p.cache_seqlens, causal=True)
-        cmp = compare_to_reference(got, lse, ref_out, ref_lse)
+        cmp = compare_to_reference(out, lse, ref_out, ref_lse)
         assert cmp.ok, cmp.message
 
 
@@ -245,5 +246,9 @@ def test_flash_workspace_is_kept_per_stream(monkeypatch):
     assert len(api._WORKSPACES) == 2 and api._WORKSPACES[key] is first
     monkeypatch.setenv(api.WORKSPACE_CACHE_ENV_VAR, "0")
     mla.release_workspaces()
+    call(small)
+    assert api._WORKSPACES == {}
+    monkeypatch.delenv(api.WORKSPACE_CACHE_ENV_VAR)
+    monkeypatch.setattr(api, "WORKSPACE_CACHE_MAX_BYTES", 4 * 1024)  # smaller than any workspace: none kept
     call(small)
     assert api._WORKSPACES == {}
