@@ -219,7 +219,9 @@ class DecodeEntry:
     is one allocation per eager ``flash_mla_with_kvcache`` call instead of two.
     """
 
-    def __init__(self, config: DecodeConfig):
+    def __init__(self, config: DecodeConfig, kernel_class=None):
+        """``kernel_class``: the decode kernel's class instead of the variant's (A/B scripts and tests
+        build a subclass that changes one class constant)."""
         from split_k.merge_kernel import SplitMerge
         from split_k.planner import BLOCK_N
         c = config
@@ -227,8 +229,9 @@ class DecodeEntry:
         self.rows = c.rows
         self.page_size = c.page_size
         self.block_n = BLOCK_N
-        self.decode = _kernel_class(c.variant)(cdt, c.num_heads_q, c.seqlen_q, c.page_size, c.causal, c.num_heads_k,
-                                               multicast=c.cluster > 1, split_cluster=c.split_cluster)
+        cls = kernel_class or _kernel_class(c.variant)
+        self.decode = cls(cdt, c.num_heads_q, c.seqlen_q, c.page_size, c.causal, c.num_heads_k,
+                          multicast=c.cluster > 1, split_cluster=c.split_cluster)
         self.partial_dtype = cutlass.Float32 if c.partial == "float32" else cdt
         self.merge = SplitMerge(cdt, c.num_heads_q, c.seqlen_q, self.partial_dtype)
 
@@ -272,10 +275,11 @@ class DecodeEntry:
         return o_accum, lse_accum
 
 
-def compile_entry(config: DecodeConfig, options: str | None = None):
-    """``cute.compile`` of ``DecodeEntry(config)`` with TVM-FFI (seconds; the cache calls this once)."""
+def compile_entry(config: DecodeConfig, options: str | None = None, kernel_class=None):
+    """``cute.compile`` of ``DecodeEntry(config, kernel_class)`` with TVM-FFI (seconds; the cache calls
+    this once)."""
     opts = TVM_FFI_OPTION if not options else f"{TVM_FFI_OPTION} {options}"
-    return cute.compile(DecodeEntry(config), *entry_args(config), options=opts)
+    return cute.compile(DecodeEntry(config, kernel_class), *entry_args(config), options=opts)
 
 
 # ------------------------------------------------------------------------------- the cache

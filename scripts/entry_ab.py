@@ -28,11 +28,8 @@ CONFIGS = ((64, 128, 1, 128, 4096), (64, 128, 2, 128, 4096), (64, 128, 1, 128, 1
            (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096))
 
 from pipelines import paged_kv  # noqa: E402,F401  (first: it pins the DSL's target arch)
-from pipelines.launch import DecodeEntry  # noqa: E402
 from pipelines.variant_2wg import MLADecode2WG  # noqa: E402
 from pipelines.variant_seesaw import MLADecodeSeesaw  # noqa: E402
-
-import cutlass.cute as cute  # noqa: E402
 
 
 def _sub(base, **attrs):
@@ -63,7 +60,7 @@ def measure(cfg, modes, replays: int, passes: int, compiled: dict, calls: int = 
 
     import mla
     from perf_table import bench, runner
-    from pipelines.launch import TVM_FFI_OPTION, DecodeConfig, entry_args, partial_from_env
+    from pipelines.launch import DecodeConfig, compile_entry, partial_from_env
 
     inp = bench.make_inputs(cfg, device="cuda", seed=0)
     dec = mla.MLADecoder(pipeline="2wg")
@@ -77,12 +74,7 @@ def measure(cfg, modes, replays: int, passes: int, compiled: dict, calls: int = 
         conf = dataclasses.replace(base, variant=variant)
         key = (conf, mode)
         if key not in compiled:
-            entry = DecodeEntry(conf)
-            if cls is not None:
-                d = entry.decode
-                entry.decode = cls(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv, multicast=d.cluster > 1,
-                                   split_cluster=d.split_cluster)
-            compiled[key] = cute.compile(entry, *entry_args(conf), options=TVM_FFI_OPTION)
+            compiled[key] = compile_entry(conf, kernel_class=cls)
     graphs, outs = bench.capture_entries(
         {mode: compiled[(dataclasses.replace(base, variant=MODES[mode][0]), mode)] for mode in modes}, inp, dec,
         calls=calls)

@@ -127,19 +127,13 @@ def _print_row(name, wall, host):
 def _no_pdl_launch(h_q):
     """The 2wg decode entry of b s_q1 h_q page 64 compiled with ``dependent_launch = False`` (a plain
     launch of the decode kernel), for the A/B beside the library's entry."""
-    import cutlass.cute as cute
-
     from pipelines import paged_kv
-    from pipelines.launch import TVM_FFI_OPTION, DecodeConfig, DecodeEntry, entry_args, partial_from_env
+    from pipelines.launch import DecodeConfig, compile_entry, partial_from_env
     from pipelines.variant_2wg import MLADecode2WG
 
     conf = DecodeConfig.make("2wg", "bfloat16", h_q, 1, 64, False, 1, paged_kv.multicast_enabled(),
                              partial_from_env())
-    entry = DecodeEntry(conf)
-    d = entry.decode
-    cls = type("MLADecode2WG_no_pdl", (MLADecode2WG,), {"dependent_launch": False})
-    entry.decode = cls(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv, multicast=d.cluster > 1)
-    return cute.compile(entry, *entry_args(conf), options=TVM_FFI_OPTION)
+    return compile_entry(conf, kernel_class=type("MLADecode2WG_no_pdl", (MLADecode2WG,), {"dependent_launch": False}))
 
 
 def _graph_time(torch, dec, q, k, bt, sl, out):

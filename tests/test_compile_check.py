@@ -119,32 +119,16 @@ def test_l2_hint_reaches_every_k_load_only_when_set():
     """``kv_l2_hint`` (2wg: evict_first) gives each K box's TMA load the policy of a ``createpolicy`` as
     its ``.L2::cache_hint`` operand (0 without it); Q's loads keep 0. A gather loader (page 1) takes
     no hint."""
-    import glob
-    import os
     import re
-    import tempfile
 
-    import cutlass.cute as cute
-
-    from pipelines.launch import DecodeConfig, DecodeEntry, entry_args
+    from pipelines.launch import DecodeConfig
     from pipelines.variant_2wg import MLADecode2WG
 
     assert MLADecode2WG.kv_l2_hint == "evict_first"
     hinted = MLADecode2WG
     plain = type("Plain2WG", (MLADecode2WG,), {"kv_l2_hint": None})
     conf = DecodeConfig.make("2wg", "bfloat16", 64, 1, 64, False)
-    ptx = {}
-    for name, cls in (("default", plain), ("hinted", None)):
-        entry = DecodeEntry(conf)
-        if cls is not None:
-            d = entry.decode
-            entry.decode = cls(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv)
-        with tempfile.TemporaryDirectory() as dump:
-            fn = cute.compile(entry, *entry_args(conf), options=f"--gpu-arch sm_90a --keep-ptx --dump-dir {dump}")
-            assert fn is not None
-            (path,) = glob.glob(os.path.join(dump, "*.ptx"))  # the kept PTX
-            with open(path) as f:
-                ptx[name] = f.read()
+    ptx = {name: _entry_ptx(conf, cls) for name, cls in (("default", plain), ("hinted", None))}
     # The DSL gives every TMA load a cache-policy operand, a register set to 0 unless a policy is given;
     # with the hint, the K loads take createpolicy's instead and only Q's load keeps a 0.
     def zero_policy_loads(text):
@@ -161,6 +145,25 @@ def test_l2_hint_reaches_every_k_load_only_when_set():
     assert not hasattr(hinted(cutlass_bf16(), 64, 1, 1, False).loader, "l2_hint")  # cp.async gather: no TMA
 
 
+def _entry_ptx(conf, kernel_class=None) -> str:
+    """The PTX of the decode entry of ``conf`` (``kernel_class``: a subclass instead of the variant's)."""
+    import glob
+    import os
+    import tempfile
+
+    import cutlass.cute as cute
+
+    from pipelines.launch import DecodeEntry, entry_args
+
+    with tempfile.TemporaryDirectory() as dump:
+        fn = cute.compile(DecodeEntry(conf, kernel_class), *entry_args(conf),
+                          options=f"--gpu-arch sm_90a --keep-ptx --dump-dir {dump}")
+        assert fn is not None
+        (path,) = glob.glob(os.path.join(dump, "*.ptx"))  # the kept PTX
+        with open(path) as f:
+            return f.read()
+
+
 def cutlass_bf16():
     import cutlass
 
@@ -174,31 +177,16 @@ def test_l2_prefetch_forms_issue_k_box_prefetches(attr, value, method):
     default): a kernel with the form on issues TMA L2 prefetches (``cp.async.bulk.prefetch.tensor...L2``)
     of K boxes, 9 per 576-wide box like the loads; with both forms off it issues none, and a gather page
     size (no TMA) never prefetches."""
-    import glob
-    import os
     import re
-    import tempfile
 
-    import cutlass.cute as cute
-
-    from pipelines.launch import DecodeConfig, DecodeEntry, entry_args
+    from pipelines.launch import DecodeConfig
     from pipelines.variant_2wg import MLADecode2WG
 
     assert (MLADecode2WG.l2_prefetch_ahead, MLADecode2WG.l2_prefetch_chunk_tiles) == (0, 8)
     off = type("NoPrefetch2WG", (MLADecode2WG,), {"l2_prefetch_ahead": 0, "l2_prefetch_chunk_tiles": 0})
     prefetching = type("Prefetch2WG", (off,), {attr: value})
     conf = DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False)  # a multicast cluster: each CTA its half
-    ptx = {}
-    for name, cls in (("off", off), ("prefetch", prefetching)):
-        entry = DecodeEntry(conf)
-        d = entry.decode
-        entry.decode = cls(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv, multicast=d.cluster > 1)
-        with tempfile.TemporaryDirectory() as dump:
-            fn = cute.compile(entry, *entry_args(conf), options=f"--gpu-arch sm_90a --keep-ptx --dump-dir {dump}")
-            assert fn is not None
-            (path,) = glob.glob(os.path.join(dump, "*.ptx"))
-            with open(path) as f:
-                ptx[name] = f.read()
+    ptx = {name: _entry_ptx(conf, cls) for name, cls in (("off", off), ("prefetch", prefetching))}
     pattern = re.compile(r"cp\.async\.bulk\.prefetch\.tensor\S*L2")
     assert not pattern.search(ptx["off"])
     n = len(pattern.findall(ptx["prefetch"]))
