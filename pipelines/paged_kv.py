@@ -116,12 +116,8 @@ class PagedKVLoader:
     producer_warps: int
 
     def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
-                 by_columns: bool = False, tile_tokens: int = TILE_TOKENS):
+                 by_columns: bool = False):
         check_page_size(page_size)
-        if tile_tokens % 16 or not 16 <= tile_tokens <= TILE_TOKENS:
-            raise ValueError(f"tile_tokens must be 16, 32, 48 or 64, got {tile_tokens!r}")
-        # Tokens per K tile (a smem stage): the kernel's block_n (64; a variant may stage smaller tiles).
-        self.tile_tokens = tile_tokens
         self.dtype = dtype
         # by_columns: ``load_tile`` takes ``cols``, the 64-column blocks of the tile to load (the seesaw
         # pipeline fills a stage in two column groups, each completing on its own barrier).
@@ -130,7 +126,7 @@ class PagedKVLoader:
         self.head_dim = head_dim
         self.stages = stages
         self.cluster = cluster
-        self.tile_bytes = tile_tokens * head_dim * dtype.width // 8
+        self.tile_bytes = TILE_TOKENS * head_dim * dtype.width // 8
 
     @cute.jit
     def consumer_wait(self, pipe, state):
@@ -180,13 +176,13 @@ class TmaPagedKV(PagedKVLoader):
     """
 
     def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
-                 by_columns: bool = False, tile_tokens: int = TILE_TOKENS):
-        super().__init__(dtype, page_size, head_dim, stages, cluster, by_columns, tile_tokens)
+                 by_columns: bool = False):
+        super().__init__(dtype, page_size, head_dim, stages, cluster, by_columns)
         if page_size not in TMA_PAGE_SIZES:
             raise ValueError(f"TMA loader serves page sizes {TMA_PAGE_SIZES}, got {page_size}")
-        if self.tile_tokens % (8 * cluster):
-            raise ValueError(f"cluster {cluster} does not divide the {self.tile_tokens}-token tile in 8-row atoms")
-        self.rows_per_cta = self.tile_tokens // cluster  # tile rows each CTA of the cluster issues
+        if TILE_TOKENS % cluster:
+            raise ValueError(f"cluster {cluster} does not divide the {TILE_TOKENS}-token tile")
+        self.rows_per_cta = TILE_TOKENS // cluster  # tile rows each CTA of the cluster issues
         # A box never spans two pages, and never more rows than this CTA's share of the tile. Both are
         # multiples of 8, so every box starts on a 128B-swizzle atom boundary of the stage.
         self.box_rows = min(page_size, self.rows_per_cta)
@@ -209,7 +205,7 @@ class TmaPagedKV(PagedKVLoader):
         the stage's strides (a box lands inside the stage tile, not as a compact tile of its own).
         """
         outer = cute.composition(sK_layout.outer,
-                                 cute.make_layout((self.box_rows, self.box_cols()), stride=(1, self.tile_tokens)))
+                                 cute.make_layout((self.box_rows, self.box_cols()), stride=(1, TILE_TOKENS)))
         return cute.make_composed_layout(sK_layout.inner, 0, outer)
 
     def box_cols(self) -> int:
@@ -263,7 +259,7 @@ class TmaPagedKV(PagedKVLoader):
         rank = Int32(0)
         if const_expr(self.cluster > 1):
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        token = blk * self.tile_tokens + (rank * self.boxes_per_cta + warp) * self.box_rows
+        token = blk * TILE_TOKENS + (rank * self.boxes_per_cta + warp) * self.box_rows
         return mBlockTable[r, cutlass.min(token // P, (seqlen - 1) // P)]
 
     @cute.jit
@@ -277,15 +273,15 @@ class TmaPagedKV(PagedKVLoader):
             # tile, column block, stage).
             gK = cute.local_tile(mK, (box, COL_BLOCK), (None, None, None, None))
             sKb = cute.make_tensor(sK.iterator, cute.composition(sK.layout, cute.make_layout(
-                (box, COL_BLOCK, self.tile_tokens // box, self.head_dim // COL_BLOCK, self.stages),
-                stride=(1, self.tile_tokens, box, self.tile_tokens * COL_BLOCK, self.tile_tokens * self.head_dim))))
+                (box, COL_BLOCK, TILE_TOKENS // box, self.head_dim // COL_BLOCK, self.stages),
+                stride=(1, TILE_TOKENS, box, TILE_TOKENS * COL_BLOCK, TILE_TOKENS * self.head_dim))))
         else:
             # gK: (box, dim, boxes per page, kv_head, page); sKb: (box, dim, boxes per tile, stage).
             gK = cute.local_tile(mK, (box, self.head_dim), (None, 0, None, None))
             # (The smem tensor's layout is the stage's outer layout, its iterator carries the swizzle.)
             sKb = cute.make_tensor(sK.iterator, cute.composition(sK.layout, cute.make_layout(
-                (box, self.head_dim, self.tile_tokens // box, self.stages),
-                stride=(1, self.tile_tokens, box, self.tile_tokens * self.head_dim))))
+                (box, self.head_dim, TILE_TOKENS // box, self.stages),
+                stride=(1, TILE_TOKENS, box, TILE_TOKENS * self.head_dim))))
         return cpasync.tma_partition(tma_k, 0, cute.make_layout(1), cute.group_modes(sKb, 0, 2),
                                      cute.group_modes(gK, 0, 2))
 
@@ -326,7 +322,7 @@ class TmaPagedKV(PagedKVLoader):
         warp = Int32(0)
         if const_expr(self.warp_per_box):
             warp = cute.arch.make_warp_uniform(producer_tidx // 32)
-        token = blk * self.tile_tokens + (rank * self.boxes_per_cta + warp) * self.box_rows
+        token = blk * TILE_TOKENS + (rank * self.boxes_per_cta + warp) * self.box_rows
         in_page = (token % P) // self.box_rows
         if const_expr(self.by_columns):
             for c in cutlass.range_constexpr(self.head_dim // COL_BLOCK):
@@ -369,7 +365,7 @@ class TmaPagedKV(PagedKVLoader):
         if const_expr(page is None):
             page = self.page_id(mBlockTable, r, blk, seqlen, producer_tidx)
         box_idx = rank * self.boxes_per_cta + warp  # box of the tile: its rows box_idx * box ...
-        token = blk * self.tile_tokens + box_idx * box
+        token = blk * TILE_TOKENS + box_idx * box
         in_page = (token % P) // box  # 0 for the pages of this path (box_rows == page_size)
         pipe.producer_acquire(state)
         bar = pipe.producer_get_barrier(state)
@@ -383,7 +379,7 @@ class TmaPagedKV(PagedKVLoader):
         does not own); its rows are masked and zeroed like any row past the end."""
         pages = cute.make_rmem_tensor(self.boxes_per_cta, Int32)
         for b in cutlass.range_constexpr(self.boxes_per_cta):
-            token = blk * self.tile_tokens + (rank * self.boxes_per_cta + b) * self.box_rows
+            token = blk * TILE_TOKENS + (rank * self.boxes_per_cta + b) * self.box_rows
             pages[b] = mBlockTable[r, cutlass.min(token // self.page_size, last_page)]
         return pages
 
@@ -401,7 +397,7 @@ class TmaPagedKV(PagedKVLoader):
         bar = pipe.producer_get_barrier(state)
         for b in cutlass.range_constexpr(self.boxes_per_cta):
             box_idx = rank * self.boxes_per_cta + b  # box of the tile: its rows box_idx * box ...
-            token = blk * self.tile_tokens + box_idx * box
+            token = blk * TILE_TOKENS + box_idx * box
             in_page = (token % P) // box  # row block inside the page (128-token pages: 0 or 1)
             self._copy_box(tma_k, tKgK, tKsK, in_page, kv_head, pages[b], box_idx, state.index, bar, cols)
 
@@ -413,8 +409,8 @@ class GatherPagedKV(PagedKVLoader):
     threads_per_row = 8  # 8 x 16 B = one 128-byte swizzle row per warp quarter: full sectors, no bank conflicts
 
     def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
-                 by_columns: bool = False, tile_tokens: int = TILE_TOKENS):
-        super().__init__(dtype, page_size, head_dim, stages, cluster, by_columns, tile_tokens)
+                 by_columns: bool = False):
+        super().__init__(dtype, page_size, head_dim, stages, cluster, by_columns)
         if page_size not in GATHER_PAGE_SIZES:
             raise ValueError(f"gather loader serves page sizes {GATHER_PAGE_SIZES}, got {page_size}")
         if cluster != 1:
@@ -423,7 +419,7 @@ class GatherPagedKV(PagedKVLoader):
         self.vec = 128 // dtype.width  # elements per 16-byte copy
         self.chunks_per_thread = head_dim // self.vec // self.threads_per_row  # 576 / 8 / 8 = 9
         self.rows_per_pass = self.producer_threads // self.threads_per_row  # 16
-        self.passes = self.tile_tokens // self.rows_per_pass  # 4 for 64-token tiles
+        self.passes = TILE_TOKENS // self.rows_per_pass  # 4
         if self.chunks_per_thread * self.vec * self.threads_per_row != head_dim:
             raise ValueError(f"head_dim {head_dim} is not a multiple of {self.vec * self.threads_per_row}")
 
@@ -474,12 +470,12 @@ class GatherPagedKV(PagedKVLoader):
         # end looks up the last valid token's page (always a page the request owns) and is not copied.
         pages = cute.make_rmem_tensor(self.passes, Int32)
         for p in cutlass.range_constexpr(self.passes):
-            token = blk * self.tile_tokens + row0 + p * self.rows_per_pass
+            token = blk * TILE_TOKENS + row0 + p * self.rows_per_pass
             pages[p] = mBlockTable[r, cutlass.min(token, seqlen - 1) // P]
         pipe.producer_acquire(state)
         for p in cutlass.range_constexpr(self.passes):
             row = row0 + p * self.rows_per_pass
-            token = blk * self.tile_tokens + row
+            token = blk * TILE_TOKENS + row
             if token < seqlen:
                 gRow = mK[token % P, None, kv_head, pages[p]]
                 sRow = sK[row, None, state.index]
@@ -507,8 +503,8 @@ def _l2_policy(hint: cutlass.Constexpr[str]) -> cutlass.Int64:
 
 
 def make_loader(dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
-                by_columns: bool = False, tile_tokens: int = TILE_TOKENS) -> PagedKVLoader:
+                by_columns: bool = False) -> PagedKVLoader:
     """The loader for ``page_size`` (TMA for >= 16, cp.async gather below); ``by_columns``: tiles are
-    loaded in column groups (``load_tile(..., cols=...)``); ``tile_tokens``: tokens per tile (stage)."""
+    loaded in column groups (``load_tile(..., cols=...)``)."""
     cls = TmaPagedKV if uses_tma(page_size) else GatherPagedKV
-    return cls(dtype, page_size, head_dim, stages, cluster, by_columns, tile_tokens)
+    return cls(dtype, page_size, head_dim, stages, cluster, by_columns)

@@ -64,9 +64,6 @@ class MLADecodeBase:
     # L2 eviction priority of the K tile loads (TMA pages; ``paged_kv.L2_HINTS``, None: the default
     # policy). A class constant like lazy_rescale (an A/B sets it on a subclass).
     kv_l2_hint = None
-    # Tokens per K tile (one smem stage, one QK wgmma N). The split plan counts in 64-token blocks
-    # (``BLOCK_N``, ``chunk_bounds``) whatever this is; a variant that stages smaller tiles converts.
-    block_n = BLOCK_N
     # Programmatic dependent launch of this kernel (``dependent_launch``): the grid may be scheduled
     # while the kernel before it in the stream (the previous decode's merge, the split planner)
     # finishes, and waits in griddepcontrol.wait, before its first global access, for that kernel to
@@ -100,7 +97,7 @@ class MLADecodeBase:
         # next chunk's tiles could already be filling.
         self.cluster = paged_kv.cluster_size(page_size, self.num_m_blocks, multicast and split_cluster == 1)
         self.loader = paged_kv.make_loader(dtype, page_size, HEAD_DIM, self.kv_stages, self.cluster,
-                                           by_columns=self.kv_groups > 1, tile_tokens=self.block_n)
+                                           by_columns=self.kv_groups > 1)
         if self.kv_l2_hint is not None and paged_kv.uses_tma(page_size):
             self.loader.l2_hint = self.kv_l2_hint
 
@@ -141,8 +138,8 @@ class MLADecodeBase:
                     self.heads_per_kv * mLSEaccum.stride[1], mLSEaccum.stride[0])))
 
         self.sQ_layout = layouts.smem_tile_layout(dtype, BLOCK_M, HEAD_DIM)
-        self.sK_layout = layouts.smem_tile_layout(dtype, self.block_n, HEAD_DIM, self.kv_stages)
-        self.sP_layout = layouts.smem_tile_layout(dtype, BLOCK_M, self.block_n)
+        self.sK_layout = layouts.smem_tile_layout(dtype, BLOCK_N, HEAD_DIM, self.kv_stages)
+        self.sP_layout = layouts.smem_tile_layout(dtype, BLOCK_M, BLOCK_N)
 
         tma_q, mQ_tma = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mQ, self.sQ_layout, (BLOCK_M, HEAD_DIM))
@@ -314,7 +311,7 @@ class MLADecodeBase:
         transposed)."""
         mma_qk = sm90.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
-            (1, 1, 1), (BLOCK_M, self.block_n))
+            (1, 1, 1), (BLOCK_M, BLOCK_N))
         mma_pv_rs = sm90.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
             (1, 1, 1), (BLOCK_M, HEAD_DIM_V // 2), warpgroup.OperandSource.RMEM)
@@ -422,10 +419,10 @@ class MLADecodeBase:
         """Mask the keys past each row's limit (only tail tiles can have any), then the online
         softmax step in place: S becomes unnormalised P (fp32), ``row_scale`` the factor for O."""
         s_mn = layouts.acc_mn_view(acc_s)
-        if (blk + 1) * self.block_n > seqlen - (self.s_q - 1):
+        if (blk + 1) * BLOCK_N > seqlen - (self.s_q - 1):
             for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                 for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    if blk * self.block_n + tScS[i, j][1] >= row_limit[i]:
+                    if blk * BLOCK_N + tScS[i, j][1] >= row_limit[i]:
                         s_mn[i, j] = -Float32.inf
         softmax.online_softmax_step(s_mn, row_max, row_sum, row_scale, scale_log2, lazy=self.lazy_rescale)
 
@@ -440,14 +437,14 @@ class MLADecodeBase:
     @cute.jit
     def zero_v_rows(self, sK: cute.Tensor, stage: Int32, first_row: Int32, col0: cutlass.Constexpr[int],
                     ncols: cutlass.Constexpr[int], wg_tidx: Int32, barrier_id: cutlass.Constexpr[int]):
-        """Zero rows [first_row, block_n) of V columns [col0, col0 + ncols) in a K stage.
+        """Zero rows [first_row, 64) of V columns [col0, col0 + ncols) in a K stage.
 
         Cache slots past a sequence's end may hold anything (NaN in the tests); P is 0 there but
         0 * NaN is NaN, so the V rows that P.V reads must be real zeros. Only the last tile of a
         request can need it. The async-proxy fence + warpgroup barrier order these generic stores
         before the wgmma that reads them.
         """
-        n_rows = self.block_n - first_row
+        n_rows = BLOCK_N - first_row
         total = n_rows * ncols
         for idx in cutlass.range(wg_tidx, total, 128, unroll=1):
             row = first_row + idx // ncols

@@ -75,9 +75,9 @@ class MLADecode2WG(MLADecodeBase):
         wg = tidx // 128
         wg_tidx = tidx % 128
         # V^T halves viewed in place from the K stages (MN-major B operand, no copy).
-        sV_layout = layouts.v_view_layout(sK.layout, HALF, self.block_n, HEAD_DIM, self.kv_stages)
+        sV_layout = layouts.v_view_layout(sK.layout, HALF, BLOCK_N, HEAD_DIM, self.kv_stages)
         sV0 = cute.make_tensor(sK.iterator, sV_layout)
-        sV1 = cute.make_tensor(sK.iterator + HALF * self.block_n, sV_layout)
+        sV1 = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
         s_row_scale = storage.row_scale.get_tensor(cute.make_layout(BLOCK_M))
         s_row_inv = storage.row_inv.get_tensor(cute.make_layout(BLOCK_M))
 
@@ -111,7 +111,7 @@ class MLADecode2WG(MLADecodeBase):
             pipe_q.consumer_wait(q_state)
             for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
                 self.loader.consumer_wait(pipe_k, k_state)
-                acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, self.block_n)), Float32)
+                acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
                 self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
                 warpgroup.wait_group(0)
 
@@ -122,8 +122,8 @@ class MLADecode2WG(MLADecodeBase):
                 self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
 
                 softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-                valid = seqlen - blk * self.block_n
-                if valid < self.block_n:
+                valid = seqlen - blk * BLOCK_N
+                if valid < BLOCK_N:
                     self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
                 self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
                 warpgroup.wait_group(0)
@@ -150,7 +150,7 @@ class MLADecode2WG(MLADecodeBase):
         tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
         tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV0))
         tPsP = thr_qk.partition_C(sP)
-        tScS = layouts.acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((BLOCK_M, self.block_n))))
+        tScS = layouts.acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((BLOCK_M, BLOCK_N))))
         return mma_qk, mma_pv_rs, thr_qk, thr_pv, tSrQ, tSrK, tOrV, tPsP, tScS
 
     @cute.jit
@@ -224,7 +224,6 @@ class MLADecode2WG(MLADecodeBase):
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-            start, stop = self.tile_range(seqlen, start, stop)
             if prefetched == 0:
                 q_prod, k_prod = self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod,
                                                       tma_k, mK, sK, mBlockTable, pipe_k, k_prod, m_block, kv_head,
@@ -255,8 +254,8 @@ class MLADecode2WG(MLADecodeBase):
                     row_scale[i] = s_row_scale[tOcO[i, 0][0]]
                 softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
                 self.loader.consumer_wait(pipe_k, k_state)
-                valid = seqlen - blk * self.block_n
-                if valid < self.block_n:
+                valid = seqlen - blk * BLOCK_N
+                if valid < BLOCK_N:
                     self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
                 self.issue_pv(acc_o, tOrP, tOrV, k_state.index)
                 warpgroup.wait_group(0)
@@ -296,7 +295,6 @@ class MLADecode2WG(MLADecodeBase):
                 if r < end_req:
                     n_seqlen, _, n_start, n_stop, _, _ = self.chunk_bounds(
                         r + 1, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-                    n_start, n_stop = self.tile_range(n_seqlen, n_start, n_stop)
                     q_prod, k_prod = self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod,
                                                           tma_k, mK, sK, mBlockTable, pipe_k, k_prod, m_block,
                                                           kv_head, r + 1, n_start, n_stop, n_seqlen, wg_tidx)
@@ -343,16 +341,6 @@ class MLADecode2WG(MLADecodeBase):
                         page = self.loader.page_id(mBlockTable, r, ahead, seqlen, wg_tidx)
                         self.loader.prefetch_tile(tma_k, mK, sK, ahead, kv_head, page, wg_tidx)
         return q_prod, k_prod
-
-    @cute.jit
-    def tile_range(self, seqlen, start, stop):
-        """A chunk's range of K tiles (``block_n`` tokens) from its range of plan blocks (64 tokens,
-        ``chunk_bounds``): the same range for 64-token tiles; a variant with smaller tiles splits each
-        block and drops the tiles past the request's end."""
-        if const_expr(self.block_n == BLOCK_N):
-            return start, stop
-        per_block = BLOCK_N // self.block_n
-        return start * per_block, cutlass.min(stop * per_block, (seqlen + self.block_n - 1) // self.block_n)
 
     def prefetches_short_chunks(self) -> bool:
         """Whether short chunks are prefetched into L2 whole (``l2_prefetch_chunk_tiles``; TMA pages only)."""

@@ -229,7 +229,8 @@ class Sim2WG(base.Sim):
 
 def chunk_list(spec, tile: int):
     """[(seqlen, first 64-token block, end block)] -> [(r, start, stop, seqlen)] in tiles of ``tile``
-    tokens (``MLADecode2WG.tile_range``)."""
+    tokens: the plan's range for 64-token tiles; the overlap forms' 32-token tiles split each block and
+    drop the tiles past the request's end (as the removed overlap kernel did)."""
     out = []
     for r, (seqlen, start, stop) in enumerate(spec):
         per = 64 // tile
