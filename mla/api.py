@@ -398,10 +398,10 @@ def _flash_workspace(q: torch.Tensor, numel: int) -> torch.Tensor:
     CUDA-graph capture (a captured launch must not share memory with eager calls), off the CUDA
     device, for q on another device than the current one, above ``WORKSPACE_CACHE_MAX_BYTES``, or
     with ``MLA_WORKSPACE_CACHE=0``."""
-    if (not q.is_cuda or numel > WORKSPACE_CACHE_MAX_BYTES // 4 or _workspace_cache_env_raw() == _WORKSPACE_CACHE_OFF
-            or q.get_device() != torch.cuda.current_device() or torch.cuda.is_current_stream_capturing()):
+    device = q.get_device()  # -1 off the CUDA device
+    if (device < 0 or numel > WORKSPACE_CACHE_MAX_BYTES // 4 or _workspace_cache_env_raw() == _WORKSPACE_CACHE_OFF
+            or device != torch.cuda.current_device() or torch.cuda.is_current_stream_capturing()):
         return q.new_empty(numel, dtype=torch.float32)
-    device = q.get_device()
     key = (device, torch._C._cuda_getCurrentRawStream(device))
     workspace = _WORKSPACES.get(key)
     if workspace is None or workspace.numel() < numel:
