@@ -183,7 +183,7 @@ def time_graph(fn, replays: int = 100, warmup: int = 3) -> list[float]:
 
 def capture_graph(fn, warmup: int = 3):
     """``fn`` run twice eagerly (the first call compiles), captured in one CUDA graph, replayed
-    ``warmup`` times untimed; returns the graph."""
+    ``warmup`` times untimed; returns the graph, which keeps ``fn`` (and so what it references) alive."""
     import torch
 
     fn()
@@ -192,6 +192,10 @@ def capture_graph(fn, warmup: int = 3):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
+    # The graph replays the addresses fn's tensors had at capture; tensors made outside the capture
+    # (an out, an lse, a decoder's plan and workspace that only fn's closure references) must live
+    # as long as the graph, or the allocator hands their memory to the next caller's tensors.
+    graph.keepalive = fn
     for _ in range(warmup):
         graph.replay()
     torch.cuda.synchronize()
