@@ -215,3 +215,34 @@ def test_dependent_launch_order_in_sass():
     assert compile_check.dependent_launch_problems(sass(" LDG.E R6, desc[UR4][R8.64] ;\n")) == [
         "no griddepcontrol.wait (ACQBULK)", "no griddepcontrol.launch_dependents (PREEXIT)"]
     assert compile_check.dependent_launch_problems("") == ["no decode kernel in the SASS"]
+
+
+@pytest.mark.skipif(compile_check.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
+def test_narrow_kernel_transposes_qk():
+    """The experimental narrow 2wg kernel (pipelines/variant_2wg_narrow.py): its score product is the
+    transposed 64 x 16 wgmma (36 per tile, one per 16 of the 576 dims) where 2wg's is 64 x 64; P.V keeps
+    2wg's 64 x 256 shape (4 per warpgroup and tile); no local memory, wgmma not serialized, the PDL order
+    kept; more than 16 query rows per kv head, or a split cluster, are refused."""
+    import re
+    import tempfile
+
+    from pipelines.launch import DecodeConfig, compile_entry
+    from pipelines.variant_2wg_narrow import NARROW, MLADecode2WGNarrow
+
+    conf = DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False)
+    with tempfile.TemporaryDirectory() as dump:
+        fn = compile_entry(conf, options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump}",
+                           kernel_class=MLADecode2WGNarrow)
+        sass = compile_check.disassemble(compile_check.find_nvdisasm(), fn.artifacts.CUBIN, dump)
+    shapes = re.findall(r"HGMMA\.(\d+x\d+x\d+)", sass)
+    assert shapes.count("64x16x16") == 36 and shapes.count("64x256x16") == 8 and len(shapes) == 44
+    counts = compile_check.count_sass(sass)
+    assert compile_check.check_promises(counts, ("HGMMA", "UTMALDG", "STG_128"), ("LDL", "STL", "LDGSTS")) == []
+    assert compile_check.dependent_launch_problems(sass) == []
+    with pytest.raises(ValueError, match="at most 16 query rows"):
+        MLADecode2WGNarrow(cutlass_bf16(), 2 * NARROW, 1, 64, False)
+    with pytest.raises(ValueError, match="at most 16 query rows"):
+        MLADecode2WGNarrow(cutlass_bf16(), 16, 2, 64, True)  # 32 rows of MTP
+    assert MLADecode2WGNarrow(cutlass_bf16(), 32, 1, 64, False, 2).rows == NARROW  # 16 rows per kv head
+    with pytest.raises(ValueError, match="split-cluster"):
+        MLADecode2WGNarrow(cutlass_bf16(), 16, 1, 64, False, 1, True, 4)
