@@ -165,24 +165,9 @@ class MLADecode2WGNarrow(MLADecode2WG):
                     m_new = m_prev
                     for w in cutlass.range_constexpr(WARPS):
                         m_new = cute.arch.fmax(m_new, s_col_max[col, w])
-                    if const_expr(self.lazy_rescale):
-                        # softmax.online_softmax_step's rule, per column (every thread of a column
-                        # reads the same maxima, so they all decide alike).
-                        if (m_new - m_prev) * scale_log2 <= Float32(softmax.LAZY_RESCALE_LOG2):
-                            m_new = m_prev
-                    m_safe = m_new
-                    if m_new == -Float32.inf:
-                        m_safe = Float32(0.0)
-                    m_scaled = m_safe * scale_log2
-                    factor = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
-                    col_scale[j] = factor
-                    col_max[j] = m_new
-                    acc = Float32(0.0)
-                    for i in cutlass.range_constexpr(n_tok):
-                        p = cute.math.exp2(t_mn[i, j] * scale_log2 - m_scaled, fastmath=True)
-                        t_mn[i, j] = p
-                        acc += p
-                    col_sum[j] = col_sum[j] * factor + acc
+                    # Every thread of a column reads the same maxima, so they all keep the same max.
+                    col_max[j], col_scale[j], col_sum[j] = softmax.settle_max(
+                        t_mn[None, j], m_prev, m_new, col_sum[j], scale_log2, self.lazy_rescale)
 
                 # P (transposed) and the 16 rows' factors to shared memory once WG1 is done with the
                 # previous tile's P, then P_FULL for WG1.
