@@ -6,7 +6,8 @@
 #       carry=[".device"], kind="nvidia-h200")
 #
 # bars (default on an H200: the issues' bars are H200 numbers): the quick perf grid with its eager
-# column (written as perf JSON to $OUT), then scripts/host_timing.py eager (issue 11's host path).
+# column (written as perf JSON to $OUT), scripts/host_timing.py eager (issue 11's host path), and the
+# experimental narrow kernel against 2wg on four h16 rows.
 # checks (default elsewhere): correctness of what has not run on a GPU yet: the host-path GPU tests,
 # racecheck on a short split request and a multi-chunk request per pipeline (scripts/diag_3wg.py:
 # the hazards are counted in the case logs), then the 3wg kernel tests until the call's time is spent.
@@ -27,6 +28,10 @@ if [ "$mode" = bars ]; then
   step perf 330 python -m perf_table run --quick --out "$out" --commit "$commit" || fail=1
   step eager 200 python scripts/host_timing.py eager --rounds 3 || fail=1
   grep -E "us per call|GPU time" "$out/eager.log" || true
+  # The experimental narrow kernel against 2wg on the h16 rows (H100 numbers in docs/perf-notes.md).
+  step narrow 120 python scripts/entry_ab.py --mode 2wg --mode 2wg-narrow --config 64,1,1,16,1024 \
+    --config 64,1,1,16,16384 --config 64,8,1,16,4096 --config 64,32,1,16,1024 --replays 300 || fail=1
+  grep -E "pass" "$out/narrow.log" | grep -v -i warn || true
 else
   step host 150 $pt tests/test_host_gpu.py || fail=1
   for v in 2wg 3wg seesaw; do
