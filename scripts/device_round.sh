@@ -8,9 +8,8 @@
 # bars (default on an H200: the issues' bars are H200 numbers): the quick perf grid with its eager
 # column (written as perf JSON to $OUT), scripts/host_timing.py eager (issue 11's host path), and the
 # experimental narrow kernel against 2wg on four h16 rows.
-# checks (default elsewhere): correctness of what has not run on a GPU yet: the host-path GPU tests,
-# racecheck on a short split request and a multi-chunk request per pipeline (scripts/diag_3wg.py:
-# the hazards are counted in the case logs), then the 3wg kernel tests until the call's time is spent.
+# checks (default elsewhere): every GPU test (scripts/gpu_tests_sharded.py), then memcheck and synccheck
+# on a split decode per pipeline and of the narrow kernel.
 # Logs go to $OUT (or /tmp/device-round). Exit status: non-zero if a correctness step failed.
 set -u
 out=${OUT:-/tmp/device-round}; mkdir -p "$out"
@@ -33,14 +32,13 @@ if [ "$mode" = bars ]; then
     --config 64,1,1,16,16384 --config 64,8,1,16,4096 --config 64,32,1,16,1024 --replays 300 || fail=1
   grep -E "pass" "$out/narrow.log" | grep -v -i warn || true
 else
-  step host 150 $pt tests/test_host_gpu.py || fail=1
-  for v in 2wg 3wg seesaw; do
-    step "race-$v" 100 python scripts/diag_3wg.py --variant "$v" --sanitizer racecheck --budget 90 \
-      --case split-b1-16384-h64 --case b3-64,200,130 || fail=1
-    # racecheck's summary lines, per case log (diag_3wg writes them under $OUT/diag_3wg/)
-    grep -h -E "RACECHECK SUMMARY|hazard" "$out"/diag_3wg/*.log 2>/dev/null | sort | uniq -c | head -8
-    mkdir -p "$out/race-$v-cases"; mv "$out"/diag_3wg/* "$out/race-$v-cases/" 2>/dev/null
+  # Every GPU test (about 450: 5 minutes in 14 pytest processes on an H100), then memcheck and synccheck
+  # on a split decode of each registered pipeline and of the narrow kernel.
+  OUT=$out/tests python scripts/gpu_tests_sharded.py tests/ --shards 14 --timeout 400 || fail=1
+  for tool in memcheck synccheck; do
+    step "$tool" 60 compute-sanitizer --tool "$tool" --error-exitcode 1 $pt tests/test_kernel_gpu.py \
+      tests/test_narrow_gpu.py -k "b1-sq1-h128-full-bfloat16-max16384 or b1-sq1-h16-hkv1-full-p64-bfloat16-max16384" \
+      || fail=1
   done
-  step k3wg 90 $pt tests/test_kernel_gpu.py -k "3wg" -x || fail=1
 fi
 exit $fail
