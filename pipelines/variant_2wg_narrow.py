@@ -127,15 +127,13 @@ class MLADecode2WGNarrow(MLADecode2WG):
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-            acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((BLOCK_M, HALF)), Float32)
-            acc_o.fill(0.0)
-            acc_o_mn = layouts.acc_mn_view(acc_o)
+            # (The rows' max and sum it also makes stay unused: this kernel keeps them per column.)
+            acc_o, acc_o_mn, _, _, row_scale = self.new_chunk_state(thr_pv, n_rows_thr)
             col_max = cute.make_rmem_tensor(n_col, Float32)
             col_sum = cute.make_rmem_tensor(n_col, Float32)
             col_scale = cute.make_rmem_tensor(n_col, Float32)
             col_max.fill(-Float32.inf)
             col_sum.fill(0.0)
-            row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
             col_limit = self.col_limits(seqlen, m_block, tTcT)
 
             pipe_q.consumer_wait(q_state)

@@ -55,31 +55,37 @@ MODES = {
 }
 
 
-def measure(cfg, modes, replays: int, passes: int, compiled: dict, calls: int = 1) -> dict:
+def mode_entries(dec, modes, compiled: dict) -> dict:
+    """``{mode: compiled decode entry}`` for the configuration ``dec`` (a planned ``mla.MLADecoder``) was
+    planned for, each mode's variant and kernel class (``MODES``); ``compiled`` caches them across calls."""
     import dataclasses
 
+    from pipelines.launch import DecodeConfig, compile_entry, partial_from_env
+
+    shape = dec._planned
+    base = DecodeConfig.make("2wg", shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal, 1,
+                             paged_kv.multicast_enabled(), partial_from_env(), dec._info.split_cluster)
+    entries = {}
+    for mode in modes:
+        variant, cls, _ = MODES[mode]
+        key = (dataclasses.replace(base, variant=variant), mode)
+        if key not in compiled:
+            compiled[key] = compile_entry(key[0], kernel_class=cls)
+        entries[mode] = compiled[key]
+    return entries
+
+
+def measure(cfg, modes, replays: int, passes: int, compiled: dict, calls: int = 1) -> dict:
     import torch
 
     import mla
     from perf_table import bench, runner
-    from pipelines.launch import DecodeConfig, compile_entry, partial_from_env
 
     inp = bench.make_inputs(cfg, device="cuda", seed=0)
     dec = mla.MLADecoder(pipeline="2wg")
     dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1, page_size=cfg.page_size,
              dtype=inp.q.dtype, causal=cfg.causal)
-    shape = dec._planned
-    base = DecodeConfig.make("2wg", shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal, 1,
-                             paged_kv.multicast_enabled(), partial_from_env(), dec._info.split_cluster)
-    for mode in modes:
-        variant, cls, _ = MODES[mode]
-        conf = dataclasses.replace(base, variant=variant)
-        key = (conf, mode)
-        if key not in compiled:
-            compiled[key] = compile_entry(conf, kernel_class=cls)
-    graphs, outs = bench.capture_entries(
-        {mode: compiled[(dataclasses.replace(base, variant=MODES[mode][0]), mode)] for mode in modes}, inp, dec,
-        calls=calls)
+    graphs, outs = bench.capture_entries(mode_entries(dec, modes, compiled), inp, dec, calls=calls)
     first = modes[0]
     diffs = {}
     for mode in modes[1:]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import dataclasses
 import json
 import pathlib
 import statistics
@@ -53,8 +52,6 @@ def measure(cfg, sms_values, modes, replays, passes, compiled):
     import entry_ab
     import mla
     from perf_table import bench, runner
-    from pipelines import paged_kv
-    from pipelines.launch import DecodeConfig, compile_entry, partial_from_env
 
     inp = bench.make_inputs(cfg, device="cuda", seed=0)
     graphs, outs, labels, seen = {}, {}, {}, {}
@@ -67,16 +64,7 @@ def measure(cfg, sms_values, modes, replays, passes, compiled):
             print(f"  num_sms {n}: same plan as num_sms {seen[key]}")
             continue
         seen[key] = n
-        shape = dec._planned
-        base = DecodeConfig.make("2wg", shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal, 1,
-                                 paged_kv.multicast_enabled(), partial_from_env(), dec._info.split_cluster)
-        entries = {}
-        for mode in modes:
-            variant, cls, _ = entry_ab.MODES[mode]
-            conf = dataclasses.replace(base, variant=variant)
-            if (conf, mode) not in compiled:
-                compiled[(conf, mode)] = compile_entry(conf, kernel_class=cls)
-            entries[f"n{n}/{mode}"] = compiled[(conf, mode)]
+        entries = {f"n{n}/{mode}": entry for mode, entry in entry_ab.mode_entries(dec, modes, compiled).items()}
         g, o = bench.capture_entries(entries, inp, dec)
         graphs.update(g)
         outs.update(o)
