@@ -70,6 +70,12 @@ class MLADecodeBase:
     # complete. Back-to-back decodes then overlap the launch and the prologue (barrier init, descriptor
     # prefetch) with the previous call's tail. A class constant like lazy_rescale (an A/B sets it False).
     dependent_launch = True
+    # Rows of Q's shared-memory tile and TMA box: one wgmma M. A variant that serves fewer query rows
+    # per CTA (the narrow kernels, 16) loads and keeps only those, which frees shared memory.
+    q_tile_rows = BLOCK_M
+    # Bytes of shared memory a variant's epilogue stages its output through (``storage.scratch``,
+    # 16-byte aligned); 0: none.
+    epilogue_scratch_bytes = 0
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -137,30 +143,18 @@ class MLADecodeBase:
             stride=(self._row_stride(mLSEaccum.stride[1], self.h_q * mLSEaccum.stride[1]),
                     self.heads_per_kv * mLSEaccum.stride[1], mLSEaccum.stride[0])))
 
-        self.sQ_layout = layouts.smem_tile_layout(dtype, BLOCK_M, HEAD_DIM)
+        self.sQ_layout = layouts.smem_tile_layout(dtype, self.q_tile_rows, HEAD_DIM)
         self.sK_layout = layouts.smem_tile_layout(dtype, BLOCK_N, HEAD_DIM, self.kv_stages)
         self.sP_layout = layouts.smem_tile_layout(dtype, BLOCK_M, BLOCK_N)
 
         tma_q, mQ_tma = cpasync.make_tiled_tma_atom(
-            cpasync.CopyBulkTensorTileG2SOp(), mQ, self.sQ_layout, (BLOCK_M, HEAD_DIM))
+            cpasync.CopyBulkTensorTileG2SOp(), mQ, self.sQ_layout, (self.q_tile_rows, HEAD_DIM))
         # TMA loader: (atom, TMA view of K); cp.async gather loader: (None, mK).
         tma_k, mK_load = self.loader.make_tma(mK, self.sK_layout)
         self.q_bytes = cute.size_in_bytes(dtype, self.sQ_layout)
 
         sQ_layout, sK_layout, sP_layout = self.sQ_layout, self.sK_layout, self.sP_layout
-
-        @cute.struct
-        class SharedStorage:
-            mbar_q: cute.struct.MemRange[cutlass.Int64, 2]
-            mbar_k: cute.struct.MemRange[cutlass.Int64, 2 * self.kv_stages * self.kv_groups]
-            row_scale: cute.struct.MemRange[Float32, BLOCK_M]  # per-tile rescale factor (WG0 -> WG1)
-            row_inv: cute.struct.MemRange[Float32, BLOCK_M]  # 1 / row sum at the end of a chunk
-            lse_slots: cute.struct.MemRange[Float32, BLOCK_M]  # split cluster: this CTA's partial's lse
-            row_max_x: cute.struct.MemRange[Float32, 2 * BLOCK_M]  # seesaw: the two tiles' row maxima
-            row_sum_x: cute.struct.MemRange[Float32, BLOCK_M]  # seesaw: WG1's row sums at a chunk's end
-            sQ: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sQ_layout)], 1024]
-            sK: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sK_layout)], 1024]
-            sP: cute.struct.Align[cute.struct.MemRange[dtype, cute.cosize(sP_layout)], 1024]
+        SharedStorage = self.shared_storage_struct(dtype, sQ_layout, sK_layout, sP_layout)
 
         self.shared_storage = SharedStorage
         scale_log2 = softmax_scale * Float32(math.log2(math.e))
@@ -181,6 +175,27 @@ class MLADecodeBase:
             min_blocks_per_mp=1,
             use_pdl=self.dependent_launch,
         )
+
+    def shared_storage_struct(self, dtype, sQ_layout, sK_layout, sP_layout):
+        """The kernel's shared-memory struct. A plain method, not traced: the DSL rewrites an ``if``
+        inside a jit function into a nested function, where a class body's field would be lost."""
+        mem, align = cute.struct.MemRange, cute.struct.Align
+        # (Built as a dict: this module's annotations are strings, ``from __future__ import annotations``.)
+        fields = {
+            "mbar_q": mem[cutlass.Int64, 2],
+            "mbar_k": mem[cutlass.Int64, 2 * self.kv_stages * self.kv_groups],
+            "row_scale": mem[Float32, BLOCK_M],  # per-tile rescale factor (WG0 -> WG1)
+            "row_inv": mem[Float32, BLOCK_M],  # 1 / row sum at the end of a chunk
+            "lse_slots": mem[Float32, BLOCK_M],  # split cluster: this CTA's partial's lse
+            "row_max_x": mem[Float32, 2 * BLOCK_M],  # seesaw: the two tiles' row maxima
+            "row_sum_x": mem[Float32, BLOCK_M],  # seesaw: WG1's row sums at a chunk's end
+            "sQ": align[mem[dtype, cute.cosize(sQ_layout)], 1024],
+            "sK": align[mem[dtype, cute.cosize(sK_layout)], 1024],
+            "sP": align[mem[dtype, cute.cosize(sP_layout)], 1024],
+        }
+        if self.epilogue_scratch_bytes:  # the variant's epilogue staging (16-byte aligned)
+            fields["scratch"] = align[mem[cutlass.Uint8, self.epilogue_scratch_bytes], 16]
+        return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
 
     def cluster_shape(self):
         if const_expr(self.split_cluster > 1):
@@ -428,7 +443,7 @@ class MLADecodeBase:
 
     @cute.jit
     def tma_load_q(self, tma_q, mQ, sQ, pipe_q, q_state, m_block: Int32, kv_head: Int32, r: Int32):
-        gQ = cute.local_tile(mQ, (BLOCK_M, HEAD_DIM), (m_block, 0, kv_head, r))
+        gQ = cute.local_tile(mQ, (self.q_tile_rows, HEAD_DIM), (m_block, 0, kv_head, r))
         tQsQ, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
                                            cute.group_modes(gQ, 0, 2))
         pipe_q.producer_acquire(q_state)

@@ -30,6 +30,7 @@ CONFIGS = ((64, 128, 1, 128, 4096), (64, 128, 2, 128, 4096), (64, 128, 1, 128, 1
 from pipelines import paged_kv  # noqa: E402,F401  (first: it pins the DSL's target arch)
 from pipelines.variant_2wg import MLADecode2WG  # noqa: E402
 from pipelines.variant_2wg_narrow import MLADecode2WGNarrow  # noqa: E402
+from pipelines.variant_2wg_narrow_t import MLADecode2WGNarrowT  # noqa: E402
 from pipelines.variant_seesaw import MLADecodeSeesaw  # noqa: E402
 
 
@@ -49,6 +50,7 @@ MODES = {
     "2wg-no-pdl": ("2wg", _sub(MLADecode2WG, dependent_launch=False), True),  # plain launch of the decode
     "2wg-evict-last": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_last"), True),
     "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # QK transposed (at most 16 rows; not registered)
+    "2wg-narrow-t": ("2wg", MLADecode2WGNarrowT, False),  # QK and P.V transposed (likewise)
     "3wg": ("3wg", None, False),
     "seesaw": ("seesaw", None, False),
     "seesaw-evict-first": ("seesaw", _sub(MLADecodeSeesaw, kv_l2_hint="evict_first"), False),
