@@ -96,9 +96,15 @@ def partial_name(dtype, partial=None) -> str:
     return name
 
 
-def _kernel_class(variant: str):
+def _kernel_class(variant: str, config: "DecodeConfig | None" = None):
+    """The decode kernel's class for ``variant``; with ``config``, the ``"2wg"`` pipeline's narrow form
+    where it serves the configuration (``pipelines.variant_2wg_narrow.serves``: at most 16 query rows
+    per kv head, no split cluster)."""
     if variant == "2wg":
+        from pipelines import variant_2wg_narrow
         from pipelines.variant_2wg import MLADecode2WG
+        if config is not None and variant_2wg_narrow.serves(config.rows // config.num_heads_k, config.split_cluster):
+            return variant_2wg_narrow.MLADecode2WGNarrow
         return MLADecode2WG
     if variant == "3wg":
         from pipelines.variant_3wg import MLADecode3WG
@@ -229,7 +235,7 @@ class DecodeEntry:
         self.rows = c.rows
         self.page_size = c.page_size
         self.block_n = BLOCK_N
-        cls = kernel_class or _kernel_class(c.variant)
+        cls = kernel_class or _kernel_class(c.variant, c)
         self.decode = cls(cdt, c.num_heads_q, c.seqlen_q, c.page_size, c.causal, c.num_heads_k,
                           multicast=c.cluster > 1, split_cluster=c.split_cluster)
         self.partial_dtype = cutlass.Float32 if c.partial == "float32" else cdt

@@ -1,27 +1,35 @@
-"""2wg for narrow problems (at most 16 query rows per CTA: h_q 16 at s_q 1, the DeepSeek TP8 decode):
-the score product transposed so that the tensor cores do not multiply 48 rows of padding.
+"""2wg for narrow problems (at most 16 query rows per kv head: h_q 16 at s_q 1, the DeepSeek TP8 decode; h_q
+8 at s_q 2; h_q 4 at s_q 4): both products transposed, so the tensor cores multiply no padding rows.
+``launch`` builds this kernel for the ``"2wg"`` pipeline wherever it serves the configuration (``serves``).
 
-Why. A wgmma's M is 64 rows, so the 2wg QK (S = Q.K^T, M = query rows) computes 64 x 64 scores per KV
-tile whatever h_q is; at 16 rows three quarters of that is padding. Measured on an H100 (docs/perf-
-notes.md, fifteenth session): one CTA walking a 16-tile chunk takes the same time per tile at h_q 16,
-64 and 128 (32.7 / 33.3 / 34.1 us), about 2 us per tile, the rate of the compute-bound b128 h128
-rows, and prefetching the chunk into L2 does not help it: the latency rows' CTAs wait for the tensor
-cores, not for memory. Here WG0 computes S^T = K.Q^T instead (M = the 64 tokens, N = 16 rows: 64 x 16
-x 576 multiply-adds, a quarter of the 64 x 64 x 576), with K as the A operand straight from its stage
-and the first 16 rows of Q as B. P.V keeps its form (M = 64 rows, P from shared memory for both
-warpgroups), so the tile's multiply-adds drop from 4.5M to 2.7M.
+Why. A wgmma's M is 64 rows, so the 2wg products (S = Q.K^T and O = P.V, M = query rows) compute 64
+rows whatever h_q is; at 16 rows three quarters of the tensor-core work is padding. Measured on an H100
+(docs/perf-notes.md, fifteenth session): one CTA walking a 16-tile chunk took the same time per tile at
+h_q 16, 64 and 128, about 2 us, and prefetching the chunk into L2 did not help: the latency rows' CTAs
+wait for their per-tile chain, not for memory. A first narrow form (S^T only) saved 2-4%; with both
+transposed (this module, sixteenth session) the h16 rows run 6-18% faster than 2wg.
 
-What changes against 2wg, WG0 only (WG1, the loads, the plan and the outputs are 2wg's):
-- the score fragment is (tokens x rows): a row's max and sum run down a column, over the thread's two
-  tokens, the 8 lanes sharing ``lane % 4`` (butterfly shuffles) and the 4 warps (one float per warp
-  and row in ``row_max_x``, exchanged across ``BAR_WG0``);
-- P goes to shared memory transposed (the fragment's (token, row) into sP's (row, token)); sP's rows
-  16-63 stay zero, so the padding rows of O stay 0 (they are never stored);
-- WG0's P.V reads P from shared memory (SS) like WG1's; its O rows' factors come back from
-  ``row_scale`` (written by the 4 lanes that own the 16 rows' columns in warp 0);
-- the chunk's row sums meet in ``row_sum_x``; 1/sum and the lse go to WG1 and WG0's own rows through
-  ``row_inv`` and ``lse_slots``.
-Only without clusters (one m-block has no multicast peer; split clusters are not served).
+The products: S^T = K.Q^T (M = the 64 tokens, N = 16 rows; K as the A operand straight from its stage,
+Q's 16 rows as B) and O^T = V^T.P^T (M = the 512 value dims, N = 16 rows, K = the 64 tokens: the K stage
+read MN-major as the A operand, no copy, and P from shared memory as the B operand). The tile's
+multiply-adds drop from 4.5M (2wg) to 1.1M, and the two products are about equal in size (0.59M and
+0.52M), so they go to one warpgroup each:
+
+- WG0: S^T of tile t; the softmax runs down the columns (the thread's two tokens, the 8 lanes sharing
+  ``lane % 4`` by butterfly shuffles, the 4 warps through ``row_max_x``, two tiles' slots alternating);
+  P^T and the 16 columns' factors to shared memory (P_FULL). It releases its read of the K stage right
+  after its wgmma, so it starts the next tile's S^T while WG1 multiplies this one's P.V.
+- WG1: the loads (2wg's producer warps), then per tile the factors applied to its 16 columns, the
+  whole O^T (8 wgmma M blocks x 4 k-steps of m64n16k16; 64 fp32 accumulators per thread instead of
+  128), P_EMPTY, the stage released and refilled.
+- Epilogue (WG1): O^T is the transpose of what ``out`` and the partials want, and each lane holds single
+  16-bit elements of 8-element runs, so the normalised values go to a shared-memory scratch laid out
+  as the destination rows (``epilogue_scratch_bytes``; row strides chosen so that the 4 lane groups of
+  a store hit distinct banks) and leave as 16-byte vector stores. WG0 writes the lse.
+
+Shared memory: Q is kept as 16 rows (``q_tile_rows``: 18 KB instead of 72), which makes room for the
+scratch (up to 16 x 516 fp32). Only without clusters: one m-block has no multicast peer, and split
+clusters are not served (``serves``).
 """
 from __future__ import annotations
 
@@ -32,16 +40,43 @@ import cutlass.utils.hopper_helpers as sm90
 from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
+from cutlass._mlir.dialects import llvm
+
 from pipelines import layouts, softmax
-from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM
-from pipelines.variant_2wg import BAR_P_EMPTY, BAR_P_FULL, BAR_WG0, HALF, MLADecode2WG
+from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, _store_global_v4
+from pipelines.variant_2wg import BAR_P_EMPTY, BAR_P_FULL, BAR_WG0, BAR_WG1, MLADecode2WG
 
 NARROW = 16
-"""Query rows the transposed QK computes (its wgmma N): the kernel serves up to this many rows per CTA."""
+"""Query rows the transposed products compute (their wgmma N): the kernel serves up to this many rows per CTA."""
 WARPS = 4  # warps of WG0
 
 
+def serves(rows_per_kv_head: int, split_cluster: int = 1) -> bool:
+    """Whether this kernel serves a configuration: at most ``NARROW`` query rows per kv head
+    (``h_q / h_kv * s_q``) and no split cluster."""
+    return rows_per_kv_head <= NARROW and split_cluster == 1
+
+
+# Scratch row strides (elements): 16-bit rows of 1040 bytes and fp32 rows of 2064 bytes put the four
+# query rows one store instruction writes (lanes 4g..4g+3 hold rows 2q and 2q+1 of 8 consecutive dims)
+# in disjoint bank ranges; both are multiples of 16 bytes, as the vector loads need.
+ROW_16 = 520
+ROW_32 = 516
+
+
+def _load_shared_v4(addr: Int32):
+    """Four 32-bit words (16 bytes, 16-byte aligned) from shared-memory address ``addr``: one LDS.128.
+    Inline PTX with side effects, so it stays behind the named barrier that publishes the words."""
+    i32 = Int32.mlir_type
+    res = llvm.inline_asm(llvm.StructType.get_literal([i32] * 4), [Int32(addr).ir_value()],
+                          "ld.shared.v4.b32 {$0, $1, $2, $3}, [$4];", "=r,=r,=r,=r,r", has_side_effects=True)
+    return [Int32(llvm.extractvalue(i32, res, [e])) for e in range(4)]
+
+
 class MLADecode2WGNarrow(MLADecode2WG):
+    q_tile_rows = NARROW
+    epilogue_scratch_bytes = NARROW * ROW_32 * 4
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         if self.rows > NARROW:
@@ -86,55 +121,76 @@ class MLADecode2WGNarrow(MLADecode2WG):
             value = op(value, cute.arch.shuffle_sync_bfly(value, offset=4 << offset))
         return value
 
+    def mma_ot(self):
+        """O^T = V^T.P^T: M = value dims (A: the K stage, MN-major), N = 16 rows, K = the 64 tokens (B: P,
+        K-major, its rows' tokens contiguous)."""
+        return sm90.make_trivial_tiled_mma(
+            self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.K, Float32,
+            (1, 1, 1), (64, NARROW))
+
+    @cute.jit
+    def issue_ot(self, acc_ot, tOrV, tOrP, stage):
+        """O^T += V^T.P^T of the K tile in ``stage``, one committed wgmma group (a fresh MMA object, as in
+        ``issue_qk``)."""
+        mma = self.mma_ot()
+        warpgroup.fence()
+        for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+            mma.set(warpgroup.Field.ACCUMULATE, True)
+            cute.gemm(mma, acc_ot, tOrV[None, None, k, stage], tOrP[None, None, k], acc_ot)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
+                        mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
+        begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
+        wg = tidx // 128
+        wg_tidx = tidx % 128
+        s_row_scale = storage.row_scale.get_tensor(cute.make_layout(NARROW))
+        s_row_inv = storage.row_inv.get_tensor(cute.make_layout(NARROW))
+        if wg == 0:
+            self.wg0_scores(wg_tidx, kv_head, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens,
+                            mNumSplits, mLSE, mLSEaccum, sQ, sK, sP, s_row_scale, s_row_inv, pipe_q, pipe_k,
+                            scale_log2, storage)
+        else:
+            self.wg1_load_ot(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
+                             tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mOaccum, sQ, sK, sP,
+                             s_row_scale, s_row_inv, pipe_q, pipe_k, storage)
+
     # ------------------------------------------------------------------ WG0
     @cute.jit
-    def wg0_qk_softmax_pv(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-                          mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0, s_row_scale,
-                          s_row_inv, pipe_q, pipe_k, scale_log2, storage):
+    def wg0_scores(self, wg_tidx, kv_head, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens,
+                   mNumSplits, mLSE, mLSEaccum, sQ, sK, sP, s_row_scale, s_row_inv, pipe_q, pipe_k, scale_log2,
+                   storage):
         thr_st = self.mma_st().get_slice(wg_tidx)
         tTrK = thr_st.make_fragment_A(thr_st.partition_A(sK))
-        tTrQ = thr_st.make_fragment_B(thr_st.partition_B(cute.local_tile(sQ, (NARROW, HEAD_DIM), (0, 0))))
-        # sP read transposed: (token, row) -> sP[row, token].
+        tTrQ = thr_st.make_fragment_B(thr_st.partition_B(sQ))
+        # P written transposed: the fragment's (token, row) -> sP[row, token] (rows 0-15 of sP, the B
+        # operand of WG1's O^T).
         sPt = cute.make_tensor(sP.iterator, cute.composition(
             sP.layout, cute.make_layout((BLOCK_N, NARROW), stride=(BLOCK_M, 1))))
         tTsP = thr_st.partition_C(sPt)
         tTcT = layouts.acc_mn_view(thr_st.partition_C(cute.make_identity_tensor((BLOCK_N, NARROW))))
         n_tok = cute.size(tTcT, mode=[0])
         n_col = cute.size(tTcT, mode=[1])
-
-        _, _, mma_pv_ss = self.tiled_mmas()
-        thr_pv = mma_pv_ss.get_slice(wg_tidx)
-        tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))
-        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV0))
-        tOcO = layouts.acc_mn_view(thr_pv.partition_C(cute.make_identity_tensor((BLOCK_M, HALF))))
-        n_rows_thr = cute.size(tOcO, mode=[0])
-
-        s_col_max = storage.row_max_x.get_tensor(cute.make_layout((NARROW, WARPS)))
+        # Column maxima per warp, two tiles' worth (alternating), so a tile's maxima never overwrite the
+        # previous tile's before every warp has read them; the chunk's column sums per warp.
+        s_col_max = storage.row_max_x.get_tensor(cute.make_layout((NARROW, WARPS, 2)))
         s_col_sum = storage.row_sum_x.get_tensor(cute.make_layout((NARROW, WARPS)))
-        s_lse = storage.lse_slots.get_tensor(cute.make_layout(BLOCK_M))
         warp = wg_tidx // 32
         lane = wg_tidx % 32
 
-        # Padding rows 16-63: P zero (their O rows stay 0) and factor 1 (no rescale pass for them), once;
-        # WG1 reads both only after WG0's first P_FULL arrive, WG0 after its first BAR_WG0.
-        for idx in cutlass.range(wg_tidx, (BLOCK_M - NARROW) * BLOCK_N, 128, unroll=1):
-            sP[NARROW + idx // BLOCK_N, idx % BLOCK_N] = sP.element_type(0.0)
-        if wg_tidx < BLOCK_M - NARROW:
-            s_row_scale[NARROW + wg_tidx] = Float32(1.0)
-
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
+        parity = Int32(0)
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-            # (The rows' max and sum it also makes stay unused: this kernel keeps them per column.)
-            acc_o, acc_o_mn, _, _, row_scale = self.new_chunk_state(thr_pv, n_rows_thr)
             col_max = cute.make_rmem_tensor(n_col, Float32)
             col_sum = cute.make_rmem_tensor(n_col, Float32)
             col_scale = cute.make_rmem_tensor(n_col, Float32)
             col_max.fill(-Float32.inf)
             col_sum.fill(0.0)
-            col_limit = self.col_limits(seqlen, m_block, tTcT)
+            col_limit = self.col_limits(seqlen, 0, tTcT)
 
             pipe_q.consumer_wait(q_state)
             for blk in cutlass.range(start, stop, unroll=1):
@@ -142,66 +198,54 @@ class MLADecode2WGNarrow(MLADecode2WG):
                 acc_t = cute.make_rmem_tensor(thr_st.partition_shape_C((BLOCK_N, NARROW)), Float32)
                 self.issue_st(acc_t, tTrK, tTrQ, k_state.index)
                 warpgroup.wait_group(0)
+                # WG0 reads nothing more of this stage (WG1's P.V still does: the stage refills once both
+                # warpgroups released it).
+                self.loader.consumer_release(pipe_k, k_state)
+                k_state.advance()
                 t_mn = layouts.acc_mn_view(acc_t)
                 if (blk + 1) * BLOCK_N > seqlen - (self.s_q - 1):
                     for i in cutlass.range_constexpr(n_tok):
                         for j in cutlass.range_constexpr(n_col):
                             if blk * BLOCK_N + tTcT[i, j][0] >= col_limit[j]:
                                 t_mn[i, j] = -Float32.inf
-                # The tile's max of each column: the thread's tokens, the warp's 8 lanes, the 4 warps.
                 for j in cutlass.range_constexpr(n_col):
                     m = t_mn[0, j]
                     for i in cutlass.range_constexpr(1, n_tok):
                         m = cute.arch.fmax(m, t_mn[i, j])
                     m = self.column_total(m, cute.arch.fmax)
                     if lane < 4:
-                        s_col_max[tTcT[0, j][1], warp] = m
+                        s_col_max[tTcT[0, j][1], warp, parity] = m
                 cute.arch.barrier(barrier_id=BAR_WG0, number_of_threads=128)
                 for j in cutlass.range_constexpr(n_col):
                     col = tTcT[0, j][1]
                     m_prev = col_max[j]
                     m_new = m_prev
                     for w in cutlass.range_constexpr(WARPS):
-                        m_new = cute.arch.fmax(m_new, s_col_max[col, w])
-                    # Every thread of a column reads the same maxima, so they all keep the same max.
+                        m_new = cute.arch.fmax(m_new, s_col_max[col, w, parity])
                     col_max[j], col_scale[j], col_sum[j] = softmax.settle_max(
                         t_mn[None, j], m_prev, m_new, col_sum[j], scale_log2, self.lazy_rescale)
+                parity = parity ^ 1
 
-                # P (transposed) and the 16 rows' factors to shared memory once WG1 is done with the
-                # previous tile's P, then P_FULL for WG1.
+                # P^T and the 16 columns' factors once WG1's previous P.V is done with them, then P_FULL.
                 rP = cute.make_rmem_tensor_like(acc_t, self.dtype)
                 rP.store(acc_t.load().to(self.dtype))
                 cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
                 cute.autovec_copy(rP, tTsP)
-                if wg_tidx < 4:
+                if wg_tidx < 4:  # lanes 0-3 of warp 0 hold all 16 columns
                     for j in cutlass.range_constexpr(n_col):
                         s_row_scale[tTcT[0, j][1]] = col_scale[j]
-                cute.arch.fence_view_async_shared()  # P is read by the wgmma of both warpgroups
+                cute.arch.fence_view_async_shared()  # P is read by WG1's wgmma (async proxy)
                 cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
-                # WG0's own rows: their factors (and P) are visible after this barrier, which also
-                # keeps the next tile's column maxima from overwriting this tile's before all read them.
-                cute.arch.barrier(barrier_id=BAR_WG0, number_of_threads=128)
-                for i in cutlass.range_constexpr(n_rows_thr):
-                    row_scale[i] = s_row_scale[tOcO[i, 0][0]]
-                softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-                valid = seqlen - blk * BLOCK_N
-                if valid < BLOCK_N:
-                    self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
-                self.issue_pv(acc_o, tOrP, tOrV, k_state.index)
-                warpgroup.wait_group(0)
-                self.loader.consumer_release(pipe_k, k_state)
-                k_state.advance()
             pipe_q.consumer_release(q_state)
             q_state.advance()
 
-            # The chunk's row sums (thread partials down each column), 1/sum and lse per row.
+            # The chunk's column sums, 1/sum to WG1 and the lse to global memory.
             for j in cutlass.range_constexpr(n_col):
                 s = self.column_total(col_sum[j], lambda a, b: a + b)
                 if lane < 4:
                     s_col_sum[tTcT[0, j][1], warp] = s
             cute.arch.barrier(barrier_id=BAR_WG0, number_of_threads=128)
             col_inv = cute.make_rmem_tensor(n_col, Float32)
-            col_lse = cute.make_rmem_tensor(n_col, Float32)
             empty_lse = self.empty_row_lse(is_split)
             for j in cutlass.range_constexpr(n_col):
                 col = tTcT[0, j][1]
@@ -214,23 +258,132 @@ class MLADecode2WGNarrow(MLADecode2WG):
                     inv = cute.arch.rcp_approx(s)
                     lse = (col_max[j] * scale_log2 + cute.math.log2(s, fastmath=True)) * Float32(softmax.LN2)
                 col_inv[j] = inv
-                col_lse[j] = lse
+                if wg_tidx < 4:
+                    if col < self.rows:
+                        if is_split:
+                            mLSEaccum[col, kv_head, split_idx] = lse
+                        else:
+                            mLSE[col, kv_head, r] = lse
+            # (Every WG0 thread read s_col_sum before this barrier completes: the next chunk may write it.)
             cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
             if wg_tidx < 4:
                 for j in cutlass.range_constexpr(n_col):
                     s_row_inv[tTcT[0, j][1]] = col_inv[j]
-                    s_lse[tTcT[0, j][1]] = col_lse[j]
             cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
-            cute.arch.barrier(barrier_id=BAR_WG0, number_of_threads=128)
-            row_inv = cute.make_rmem_tensor(n_rows_thr, Float32)
-            row_lse = cute.make_rmem_tensor(n_rows_thr, Float32)
-            for i in cutlass.range_constexpr(n_rows_thr):
-                row = tOcO[i, 0][0]
-                row_inv[i] = Float32(0.0)
-                row_lse[i] = empty_lse
-                if row < NARROW:  # the padding rows are never stored; their slots hold nothing
-                    row_inv[i] = s_row_inv[row]
-                    row_lse[i] = s_lse[row]
-            self.store_chunk(acc_o, mma_pv_ss, wg_tidx, wg_tidx, row_inv, row_lse, True, 0, m_block, kv_head, r,
-                             is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
         self.wg0_exit(begin_req, end_req)
+
+    # ------------------------------------------------------------------ WG1
+    @cute.jit
+    def wg1_load_ot(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
+                    tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mOaccum, sQ, sK, sP,
+                    s_row_scale, s_row_inv, pipe_q, pipe_k, storage):
+        thr_ot = self.mma_ot().get_slice(wg_tidx)
+        # V^T (512 dims x 64 tokens x stages) viewed in place from the K stages, as the MN-major A operand.
+        sV = cute.make_tensor(sK.iterator, layouts.v_view_layout(sK.layout, HEAD_DIM_V, BLOCK_N, HEAD_DIM,
+                                                                 self.kv_stages))
+        tOrV = thr_ot.make_fragment_A(thr_ot.partition_A(sV))
+        tOrP = thr_ot.make_fragment_B(thr_ot.partition_B(cute.local_tile(sP, (NARROW, BLOCK_N), (0, 0))))
+        tOcO = layouts.acc_mn_view(thr_ot.partition_C(cute.make_identity_tensor((HEAD_DIM_V, NARROW))))
+        n_col = cute.size(tOcO, mode=[1])
+        k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
+        # Producers as in 2wg (``wg1_load_pv``): the first warp issues Q, the loader's producer warps K.
+        wg_warp = cute.arch.make_warp_uniform(wg_tidx // 32)
+        is_q_producer = wg_warp == 0
+        is_k_producer = wg_warp < self.loader.producer_warps
+        q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        k_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+
+        cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)  # P starts free
+        prefetched = Int32(0)
+        for r in cutlass.range(begin_req, end_req + 1, unroll=1):
+            seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
+                r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
+            if prefetched == 0:
+                q_prod, k_prod = self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod,
+                                                      tma_k, mK, sK, mBlockTable, pipe_k, k_prod, m_block, kv_head,
+                                                      r, start, stop, seqlen, wg_tidx)
+            prefetched = Int32(0)
+            acc_ot = cute.make_rmem_tensor(thr_ot.partition_shape_C((HEAD_DIM_V, NARROW)), Float32)
+            acc_ot.fill(0.0)
+            acc_mn = layouts.acc_mn_view(acc_ot)
+            col_scale = cute.make_rmem_tensor(n_col, Float32)
+            for blk in cutlass.range(start, stop, unroll=1):
+                if const_expr(self.loader.prefetches_page()):
+                    # The page id of this warp's box of tile blk + kv_stages, read before the waits (2wg).
+                    next_page = Int32(0)
+                    if is_k_producer:
+                        next_page = self.loader.page_id(mBlockTable, r, blk + self.kv_stages, seqlen, wg_tidx)
+                cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
+                need = False
+                for j in cutlass.range_constexpr(n_col):
+                    col_scale[j] = s_row_scale[tOcO[0, j][1]]
+                    need = need or col_scale[j] != Float32(1.0)
+                if cute.arch.vote_any_sync(need):
+                    for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+                        for j in cutlass.range_constexpr(n_col):
+                            acc_mn[i, j] = acc_mn[i, j] * col_scale[j]
+                self.loader.consumer_wait(pipe_k, k_state)
+                valid = seqlen - blk * BLOCK_N
+                if valid < BLOCK_N:
+                    # Past the end P is 0 but the cache slots may hold NaN (0 * NaN = NaN): zero those V
+                    # rows. WG0's S^T of this stage is complete (P_FULL).
+                    self.zero_v_rows(sK, k_state.index, valid, 0, HEAD_DIM_V, wg_tidx, BAR_WG1)
+                self.issue_ot(acc_ot, tOrV, tOrP, k_state.index)
+                warpgroup.wait_group(0)
+                cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+                self.loader.consumer_release(pipe_k, k_state)
+                k_state.advance()
+                if is_k_producer:
+                    if blk + self.kv_stages < stop:
+                        if const_expr(self.loader.prefetches_page()):
+                            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk + self.kv_stages,
+                                                  seqlen, kv_head, wg_tidx, page=next_page)
+                        else:
+                            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk + self.kv_stages,
+                                                  seqlen, kv_head, wg_tidx)
+                        k_prod.advance()
+            cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
+            col_inv = cute.make_rmem_tensor(n_col, Float32)
+            for j in cutlass.range_constexpr(n_col):
+                col_inv[j] = s_row_inv[tOcO[0, j][1]]
+            cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+            if const_expr(self.prefetch_next_chunk):
+                # The next chunk's Q and first K tiles before this chunk's epilogue (2wg's reasoning:
+                # Q was released by WG0 before it published 1/sum, every K stage by the last P.V).
+                if r < end_req:
+                    n_seqlen, _, n_start, n_stop, _, _ = self.chunk_bounds(
+                        r + 1, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
+                    q_prod, k_prod = self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod,
+                                                          tma_k, mK, sK, mBlockTable, pipe_k, k_prod, m_block,
+                                                          kv_head, r + 1, n_start, n_stop, n_seqlen, wg_tidx)
+                    prefetched = Int32(1)
+            if is_split:
+                self.store_transposed(acc_mn, tOcO, col_inv, wg_tidx, kv_head, split_idx, mOaccum, storage)
+            else:
+                self.store_transposed(acc_mn, tOcO, col_inv, wg_tidx, kv_head, r, mO, storage)
+
+    @cute.jit
+    def store_transposed(self, acc_mn, tOcO, col_inv, wg_tidx, kv_head, last, mDst, storage):
+        """WG1's O^T, normalised, into ``mDst[row, dim, kv_head, last]`` (``out`` or a partial): through
+        the scratch in ``mDst``'s dtype and row order, then 16-byte loads and stores (rows past h_q * s_q
+        are not stored)."""
+        dtype = mDst.element_type
+        row_elems = ROW_16 if const_expr(dtype.width == 16) else ROW_32
+        scratch = cute.recast_ptr(storage.scratch.data_ptr(), dtype=dtype)
+        sO = cute.make_tensor(scratch, cute.make_layout((NARROW, HEAD_DIM_V), stride=(row_elems, 1)))
+        # The previous chunk's vector loads are done before anyone overwrites the scratch.
+        cute.arch.barrier(barrier_id=BAR_WG1, number_of_threads=128)
+        for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+            for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
+                sO[tOcO[i, j][1], tOcO[i, j][0]] = (acc_mn[i, j] * col_inv[j]).to(dtype)
+        cute.arch.barrier(barrier_id=BAR_WG1, number_of_threads=128)
+        per_vec = 128 // dtype.width  # elements per 16 bytes
+        vecs = HEAD_DIM_V // per_vec  # per row
+        rows = min(NARROW, self.rows)
+        base = Int32(scratch.toint())
+        for v in cutlass.range(wg_tidx, rows * vecs, 128, unroll=1):
+            row = v // vecs
+            col = (v - row * vecs) * per_vec
+            words = _load_shared_v4(base + (row * row_elems + col) * (dtype.width // 8))
+            ptr = mDst.iterator + cute.crd2idx((row, col, kv_head, last), mDst.layout)
+            _store_global_v4(ptr, words)

@@ -30,7 +30,6 @@ CONFIGS = ((64, 128, 1, 128, 4096), (64, 128, 2, 128, 4096), (64, 128, 1, 128, 1
 from pipelines import paged_kv  # noqa: E402,F401  (first: it pins the DSL's target arch)
 from pipelines.variant_2wg import MLADecode2WG  # noqa: E402
 from pipelines.variant_2wg_narrow import MLADecode2WGNarrow  # noqa: E402
-from pipelines.variant_2wg_narrow_t import MLADecode2WGNarrowT  # noqa: E402
 from pipelines.variant_seesaw import MLADecodeSeesaw  # noqa: E402
 
 
@@ -40,7 +39,8 @@ def _sub(base, **attrs):
 
 # mode -> (variant of the entry config, kernel class or None for the library's, bit-identical to the first)
 MODES = {
-    "2wg": ("2wg", None, True),  # the library's 2wg (K loads evict_first)
+    "2wg": ("2wg", None, True),  # the library's 2wg (K loads evict_first; the narrow kernel at <= 16 rows)
+    "2wg-wide": ("2wg", MLADecode2WG, False),  # 2wg's 64-row products whatever the row count
     "2wg-no-hint": ("2wg", _sub(MLADecode2WG, kv_l2_hint=None), True),
     "2wg-l2-prefetch": ("2wg", _sub(MLADecode2WG, l2_prefetch_ahead=2), True),  # K tiles into L2 two ahead
     "2wg-no-short": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=0), True),  # short chunks not prefetched
@@ -49,8 +49,7 @@ MODES = {
     "2wg-evict-first": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_first"), True),
     "2wg-no-pdl": ("2wg", _sub(MLADecode2WG, dependent_launch=False), True),  # plain launch of the decode
     "2wg-evict-last": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_last"), True),
-    "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # QK transposed (at most 16 rows; not registered)
-    "2wg-narrow-t": ("2wg", MLADecode2WGNarrowT, False),  # QK and P.V transposed (likewise)
+    "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 16 rows)
     "3wg": ("3wg", None, False),
     "seesaw": ("seesaw", None, False),
     "seesaw-evict-first": ("seesaw", _sub(MLADecodeSeesaw, kv_l2_hint="evict_first"), False),

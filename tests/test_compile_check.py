@@ -218,27 +218,41 @@ def test_dependent_launch_order_in_sass():
 
 
 @pytest.mark.skipif(compile_check.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
-def test_narrow_kernel_transposes_qk():
-    """The experimental narrow 2wg kernel (pipelines/variant_2wg_narrow.py): its score product is the
-    transposed 64 x 16 wgmma (36 per tile, one per 16 of the 576 dims) where 2wg's is 64 x 64; P.V keeps
-    2wg's 64 x 256 shape (4 per warpgroup and tile); no local memory, wgmma not serialized, the PDL order
-    kept; more than 16 query rows per kv head, or a split cluster, are refused."""
+def test_narrow_kernel_transposes_both_products():
+    """The narrow 2wg kernel (pipelines/variant_2wg_narrow.py): both products are 64 x 16 wgmmas, 36 for S^T
+    (one per 16 of the 576 dims) and 32 for O^T (8 blocks of 64 value dims x 4 k-steps of 16 tokens), and
+    nothing 64 rows wide; no local memory, wgmma not serialized, the epilogue's 16-byte stores, the PDL
+    order kept; the "2wg" pipeline builds it at <= 16 rows per kv head (not for a split cluster); more
+    rows, or a split cluster, are refused."""
     import re
     import tempfile
 
+    from pipelines import launch
     from pipelines.launch import DecodeConfig, compile_entry
+    from pipelines.variant_2wg import MLADecode2WG
     from pipelines.variant_2wg_narrow import NARROW, MLADecode2WGNarrow
 
     conf = DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False)
+    assert launch._kernel_class("2wg", conf) is MLADecode2WGNarrow
     with tempfile.TemporaryDirectory() as dump:
-        fn = compile_entry(conf, options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump}",
-                           kernel_class=MLADecode2WGNarrow)
+        fn = compile_entry(conf, options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump}")
         sass = compile_check.disassemble(compile_check.find_nvdisasm(), fn.artifacts.CUBIN, dump)
     shapes = re.findall(r"HGMMA\.(\d+x\d+x\d+)", sass)
-    assert shapes.count("64x16x16") == 36 and shapes.count("64x256x16") == 8 and len(shapes) == 44
+    assert shapes.count("64x16x16") == 36 + 32 and len(shapes) == 68
     counts = compile_check.count_sass(sass)
-    assert compile_check.check_promises(counts, ("HGMMA", "UTMALDG", "STG_128"), ("LDL", "STL", "LDGSTS")) == []
+    assert compile_check.check_promises(counts, ("HGMMA_N16", "UTMALDG", "STG_128"),
+                                        ("HGMMA_WIDE", "LDL", "STL", "LDGSTS")) == []
+    assert counts["WGMMA_WAIT"] <= 4
     assert compile_check.dependent_launch_problems(sass) == []
+    # Which configurations get it: rows per kv head, not h_q.
+    for h_q, s_q, h_kv, split_cluster, narrow in ((16, 1, 1, 1, True), (8, 2, 1, 1, True), (4, 4, 1, 1, True),
+                                                  (1, 1, 1, 1, True), (32, 1, 2, 1, True), (128, 1, 8, 1, True),
+                                                  (16, 2, 1, 1, False), (32, 1, 1, 1, False), (64, 1, 1, 1, False),
+                                                  (16, 1, 1, 4, False)):
+        c = DecodeConfig.make("2wg", "bfloat16", h_q, s_q, 64, False, h_kv, True, None, split_cluster)
+        assert (launch._kernel_class("2wg", c) is MLADecode2WGNarrow) is narrow, (h_q, s_q, h_kv, split_cluster)
+        if not narrow:
+            assert launch._kernel_class("2wg", c) is MLADecode2WG
     with pytest.raises(ValueError, match="at most 16 query rows"):
         MLADecode2WGNarrow(cutlass_bf16(), 2 * NARROW, 1, 64, False)
     with pytest.raises(ValueError, match="at most 16 query rows"):

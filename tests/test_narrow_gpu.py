@@ -1,6 +1,6 @@
-"""GPU tests of the experimental narrow 2wg kernels (``pipelines.variant_2wg_narrow``, S^T transposed, and
-``pipelines.variant_2wg_narrow_t``, S^T and O^T transposed; not registered variants, so ``test_kernel_gpu.py``
-does not reach them): each one's decode entry (the 2wg configuration compiled with the kernel class), launched on the API's plan, against the fp32 reference, for every shape it
+"""GPU tests of the narrow 2wg kernel (``pipelines.variant_2wg_narrow``: both products transposed), which the
+``"2wg"`` pipeline runs at <= 16 query rows per kv head (``test_kernel_gpu.py`` reaches it through the API on
+its h16 cases; these are the shapes that exercise its column layout): its decode entry, launched on the API's plan, against the fp32 reference, for every shape it
 serves (at most 16 query rows per kv head). Same poisoned inputs as the registered variants' tests (NaN in
 every unused cache slot, random page order, NaN-filled out and lse). The tests run after every other
 test (conftest), since their hang guard ends the process."""
@@ -65,28 +65,16 @@ def _wait_or_exit(what: str) -> None:
     torch.cuda.synchronize()
 
 
-KERNELS = ["narrow", "narrow_t"]
-
-
-def _kernel_class(kernel):
-    if kernel == "narrow":
+def _narrow_entry(conf):
+    if conf not in _COMPILED:
+        from pipelines.launch import compile_entry
         from pipelines.variant_2wg_narrow import MLADecode2WGNarrow
 
-        return MLADecode2WGNarrow
-    from pipelines.variant_2wg_narrow_t import MLADecode2WGNarrowT
-
-    return MLADecode2WGNarrowT
+        _COMPILED[conf] = compile_entry(conf, kernel_class=MLADecode2WGNarrow)
+    return _COMPILED[conf]
 
 
-def _narrow_entry(conf, kernel):
-    if (conf, kernel) not in _COMPILED:
-        from pipelines.launch import compile_entry
-
-        _COMPILED[conf, kernel] = compile_entry(conf, kernel_class=_kernel_class(kernel))
-    return _COMPILED[conf, kernel]
-
-
-def _run(case, seed, kernel, grow=False, partial=None):
+def _run(case, seed, grow=False, partial=None):
     import mla
     import pipelines
     from mla.reference import compare_to_reference, mla_decode_reference
@@ -109,9 +97,9 @@ def _run(case, seed, kernel, grow=False, partial=None):
     workspace = torch.empty(pipelines.workspace_numel(b, meta.shape[0], s_q * h_q), dtype=torch.float32,
                             device="cuda")
     # The compiled entry reads q grouped per kv head (the API's launcher makes the same copy).
-    _narrow_entry(conf, kernel)(group_queries(p.q, h_kv), p.k_cache, p.block_table, p.cache_seqlens, meta, num_splits, out, lse, workspace,
+    _narrow_entry(conf)(group_queries(p.q, h_kv), p.k_cache, p.block_table, p.cache_seqlens, meta, num_splits, out, lse, workspace,
                         576 ** -0.5)
-    _wait_or_exit(f"{kernel} {str(case)[:80]}")
+    _wait_or_exit(str(case)[:80])
     ref_out, ref_lse = mla_decode_reference(p.q, p.k_cache, p.block_table, p.cache_seqlens, causal=causal)
     if grow:
         assert ref_lse[torch.isfinite(ref_lse)].max() > 12  # the scaling made large, growing scores
@@ -119,20 +107,17 @@ def _run(case, seed, kernel, grow=False, partial=None):
     assert cmp.ok, cmp.message
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("case", CASES, ids=_ids())
-def test_narrow_kernel_matches_reference(case, kernel):
+def test_narrow_kernel_matches_reference(case):
     seqlens, s_q, h_q, _, _, page_size, _ = case
-    _run(case, hash((tuple(seqlens), s_q, h_q, page_size)) % 1000, kernel)
+    _run(case, hash((tuple(seqlens), s_q, h_q, page_size)) % 1000)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_narrow_kernel_lazy_rescale_with_growing_scores(kernel):
-    _run(([4096, 1000], 1, 16, 1, False, 64, torch.bfloat16), 7, kernel, grow=True)
+def test_narrow_kernel_lazy_rescale_with_growing_scores():
+    _run(([4096, 1000], 1, 16, 1, False, 64, torch.bfloat16), 7, grow=True)
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_narrow_kernel_fp32_partials(kernel):
+def test_narrow_kernel_fp32_partials():
     """The split path with fp32 partials (the default is 16-bit): b1 16384 over every SM, and a varlen batch."""
-    _run(([16384], 1, 16, 1, False, 64, torch.bfloat16), 11, kernel, partial="float32")
-    _run((varlen(8, 3000, seed=5, zeros=1), 2, 8, 1, True, 64, torch.float16), 12, kernel, partial="float32")
+    _run(([16384], 1, 16, 1, False, 64, torch.bfloat16), 11, partial="float32")
+    _run((varlen(8, 3000, seed=5, zeros=1), 2, 8, 1, True, 64, torch.float16), 12, partial="float32")
