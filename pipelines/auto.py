@@ -32,7 +32,8 @@ picked, on such rows, whichever pipeline that run happened to favour (page 16 b1
 at x0.937 in the 6ee086f run, x1.02-1.045 in the four runs after it). A run that measured one
 pipeline only adds nothing: with no run of two pipelines every shape gets ``DEFAULT``.
 
-Lookup (``choose``): the entry of the nearest measured key. Nearest: same loader (TMA pages or
+Lookup (``choose``): the entry of the nearest measured key (on the committed table, 2wg wherever its
+narrow kernel serves the shape: ``NARROW_ROWS``). Nearest: same loader (TMA pages or
 cp.async gather pages, ``pipelines.paged_kv``) only, then lexicographically the smallest |log2|
 distance in page size, then in batch x h_kv (a kv head's CTAs walk the whole batch, so h_kv kv
 heads of b requests make about the CTA work of b * h_kv requests of one kv head), then s_q, then
@@ -78,6 +79,13 @@ TIE = 0.01  # a winner must be more than 1% faster (geomean over the key's confi
 SLOWER = 0.02  # the report flags rows where the choice is more than 2% slower than the fastest
 GATHER_PAGES = (1, 2, 4, 8)  # pipelines.paged_kv.GATHER_PAGE_SIZES (not imported: it imports the DSL)
 KEY_FIELDS = ("page_size", "s_q", "h_q", "h_kv", "batch", "kv_capacity")
+# The committed table's runs (SOURCES) measured 2wg before it had its narrow kernel (pipelines.
+# variant_2wg_narrow, which "2wg" runs at <= NARROW_ROWS query rows per kv head). Paired against 3wg on
+# an H100 (docs/perf-notes.md, sixteenth session) the narrow 2wg was faster on all 14 rows measured
+# (h16 s1 and h8 s2; pages 1, 16, 64; b1-b128; 1024-16384 keys) by 1-28%, where the table picks 3wg
+# on 14 of its h16 keys. So lookups on the committed table give 2wg to those shapes until the table is
+# regenerated from runs with the narrow kernel (a table passed in as ``entries`` is used as it is).
+NARROW_ROWS = 16  # pipelines.variant_2wg_narrow.NARROW (not imported: it imports the DSL)
 
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 TABLE_FILE = PACKAGE_DIR / "auto_table.py"
@@ -239,8 +247,15 @@ def choose(page_size: int, s_q: int, h_q: int, h_kv: int, batch: int | None, kv_
     return _pick(_nearest(_prepared(entries), gather, coords), candidates)
 
 
+def _narrow_2wg(s_q, h_q, h_kv, candidates) -> bool:
+    """Whether the committed table's lookup gives 2wg by the narrow-kernel rule (``NARROW_ROWS``)."""
+    return "2wg" in candidates and h_kv > 0 and (h_q // h_kv) * s_q <= NARROW_ROWS
+
+
 @functools.lru_cache(maxsize=4096)
 def _choose_committed(page_size, s_q, h_q, h_kv, batch, capacity, candidates):
+    if _narrow_2wg(s_q, h_q, h_kv, candidates):
+        return "2wg"
     gather, coords = _coords(page_size, s_q, h_q, h_kv, batch, capacity)
     return _pick(_nearest(_committed_prepared(), gather, coords), candidates)
 
@@ -273,6 +288,8 @@ def choices(page_size: int, s_q: int, h_q: int, h_kv: int, candidates: Sequence[
 
 @functools.lru_cache(maxsize=1024)
 def _choices_committed(page_size, s_q, h_q, h_kv, candidates, batch, capacity):
+    if _narrow_2wg(s_q, h_q, h_kv, candidates):
+        return ("2wg",)
     return _choices(_committed_prepared(), page_size, s_q, h_q, h_kv, candidates, batch, capacity)
 
 
