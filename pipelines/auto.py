@@ -26,14 +26,17 @@ combined by their ratios, never row against row of another run):
    their per-run ratios, so a faster or slower machine moves both alike.
 4. The key's entry is the pipeline with the lower combined time; within ``TIE`` of ``DEFAULT`` the
    entry is ``DEFAULT`` (no switching on noise).
+5. A key of at most ``NARROW_ROWS`` query rows per kv head that only runs dated before
+   ``NARROW_SINCE`` measured is 2wg's (its ``measured_pipeline`` says what those runs favoured): they
+   timed 2wg without the narrow kernel it runs there now, which beat 3wg on every such row measured
+   since (see ``NARROW_SINCE``).
 Why several runs: where the two pipelines are within a few percent, their ratio moves by 2-4% from
 run to run (machines of one kind differ; docs/perf-notes.md, tenth session), so a table from one run
 picked, on such rows, whichever pipeline that run happened to favour (page 16 b1 h128 1024 keys: 3wg
 at x0.937 in the 6ee086f run, x1.02-1.045 in the four runs after it). A run that measured one
 pipeline only adds nothing: with no run of two pipelines every shape gets ``DEFAULT``.
 
-Lookup (``choose``): the entry of the nearest measured key (on the committed table, 2wg wherever its
-narrow kernel serves the shape: ``NARROW_ROWS``). Nearest: same loader (TMA pages or
+Lookup (``choose``): the entry of the nearest measured key. Nearest: same loader (TMA pages or
 cp.async gather pages, ``pipelines.paged_kv``) only, then lexicographically the smallest |log2|
 distance in page size, then in batch x h_kv (a kv head's CTAs walk the whole batch, so h_kv kv
 heads of b requests make about the CTA work of b * h_kv requests of one kv head), then s_q, then
@@ -79,13 +82,13 @@ TIE = 0.01  # a winner must be more than 1% faster (geomean over the key's confi
 SLOWER = 0.02  # the report flags rows where the choice is more than 2% slower than the fastest
 GATHER_PAGES = (1, 2, 4, 8)  # pipelines.paged_kv.GATHER_PAGE_SIZES (not imported: it imports the DSL)
 KEY_FIELDS = ("page_size", "s_q", "h_q", "h_kv", "batch", "kv_capacity")
-# The committed table's runs (SOURCES) measured 2wg before it had its narrow kernel (pipelines.
-# variant_2wg_narrow, which "2wg" runs at <= NARROW_ROWS query rows per kv head). Paired against 3wg on
-# an H100 (docs/perf-notes.md, sixteenth session) the narrow 2wg was faster on all 14 rows measured
-# (h16 s1 and h8 s2; pages 1, 16, 64; b1-b128; 1024-16384 keys) by 1-28%, where the table picks 3wg
-# on 14 of its h16 keys. So lookups on the committed table give 2wg to those shapes until the table is
-# regenerated from runs with the narrow kernel (a table passed in as ``entries`` is used as it is).
+# Runs dated before NARROW_SINCE measured "2wg" before it had its narrow kernel (pipelines.
+# variant_2wg_narrow, which "2wg" runs at <= NARROW_ROWS query rows per kv head; commit b4ec690).
+# Paired against 3wg on an H100 (docs/perf-notes.md, sixteenth session) the narrow 2wg was faster on all
+# 14 rows measured (h16 s1 and h8 s2; pages 1, 16, 64; b1-b128; 1024-16384 keys) by 1-28%, so a key of
+# at most NARROW_ROWS rows per kv head that only such runs measured gets 2wg (step 5).
 NARROW_ROWS = 16  # pipelines.variant_2wg_narrow.NARROW (not imported: it imports the DSL)
+NARROW_SINCE = "2026-11-25T22:20:00Z"
 
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent
 TABLE_FILE = PACKAGE_DIR / "auto_table.py"
@@ -166,10 +169,12 @@ def derive(runs: dict | Sequence[dict]) -> list[dict]:
     "pipeline": name, "geomean_us": {pipeline: us}, "configs": n, "runs": r}``, sorted by key (steps 2
     to 4 of the module docstring; ``geomean_us`` is the combined time over the ``r`` runs, ``configs``
     the configs summed over them)."""
-    per_run = [_run_key_times(run) for run in ([runs] if isinstance(runs, dict) else runs)]
+    runs = [runs] if isinstance(runs, dict) else list(runs)
+    per_run = [_run_key_times(run) for run in runs]
     entries = []
     for key in sorted(set().union(*per_run)):
         measured = [times[key] for times in per_run if key in times]
+        before_narrow = all(_before_narrow(run) for run, times in zip(runs, per_run) if key in times)
         common = sorted(set.intersection(*(set(geo) for geo, _ in measured)))
         if len(common) < 2:
             continue
@@ -177,9 +182,20 @@ def derive(runs: dict | Sequence[dict]) -> list[dict]:
         best = min(common, key=lambda p: (geo[p], p))
         if DEFAULT in geo and geo[best] > geo[DEFAULT] * (1 - TIE):
             best = DEFAULT
-        entries.append({"key": list(key), "pipeline": best, "geomean_us": {p: round(geo[p], 3) for p in common},
-                        "configs": sum(n for _, n in measured), "runs": len(measured)})
+        entry = {"key": list(key), "pipeline": best, "geomean_us": {p: round(geo[p], 3) for p in common},
+                 "configs": sum(n for _, n in measured), "runs": len(measured)}
+        page, s_q, h_q, h_kv = key[:4]
+        if before_narrow and "2wg" in common and h_q // h_kv * s_q <= NARROW_ROWS and best != "2wg":
+            entry["pipeline"] = "2wg"  # step 5: the runs timed 2wg without its narrow kernel
+            entry["measured_pipeline"] = best
+        entries.append(entry)
     return entries
+
+
+def _before_narrow(run: dict) -> bool:
+    """Whether a run predates the narrow 2wg kernel (``NARROW_SINCE``; a run without a date does not)."""
+    date = run.get("date")
+    return date is not None and date < NARROW_SINCE
 
 
 # ------------------------------------------------------------------------------------------ lookup
@@ -247,15 +263,8 @@ def choose(page_size: int, s_q: int, h_q: int, h_kv: int, batch: int | None, kv_
     return _pick(_nearest(_prepared(entries), gather, coords), candidates)
 
 
-def _narrow_2wg(s_q, h_q, h_kv, candidates) -> bool:
-    """Whether the committed table's lookup gives 2wg by the narrow-kernel rule (``NARROW_ROWS``)."""
-    return "2wg" in candidates and h_kv > 0 and (h_q // h_kv) * s_q <= NARROW_ROWS
-
-
 @functools.lru_cache(maxsize=4096)
 def _choose_committed(page_size, s_q, h_q, h_kv, batch, capacity, candidates):
-    if _narrow_2wg(s_q, h_q, h_kv, candidates):
-        return "2wg"
     gather, coords = _coords(page_size, s_q, h_q, h_kv, batch, capacity)
     return _pick(_nearest(_committed_prepared(), gather, coords), candidates)
 
@@ -288,8 +297,6 @@ def choices(page_size: int, s_q: int, h_q: int, h_kv: int, candidates: Sequence[
 
 @functools.lru_cache(maxsize=1024)
 def _choices_committed(page_size, s_q, h_q, h_kv, candidates, batch, capacity):
-    if _narrow_2wg(s_q, h_q, h_kv, candidates):
-        return ("2wg",)
     return _choices(_committed_prepared(), page_size, s_q, h_q, h_kv, candidates, batch, capacity)
 
 
