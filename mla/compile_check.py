@@ -6,7 +6,8 @@ For each variant this compiles a few static configurations of the host entry the
 and split-kv merge kernels, TVM-FFI), and the merge and planner kernels alone, with the CuTe DSL
 (``CUTE_DSL_ARCH=sm_90a``, fake tensors), disassembles the cubin with ``nvdisasm`` and
 counts the instructions that show the variant is on the intended path: ``HGMMA`` (wgmma) and its
-shapes (``64x16x16`` only for 2wg at <= 16 query rows, its narrow kernel; N >= 64 everywhere else),
+shapes (``64x16x16`` / ``64x32x16`` only for 2wg at <= 32 query rows, its narrow kernel; N >= 64 everywhere
+else),
 ``WARPGROUP.DEPBAR`` (waits for wgmma: one after every HGMMA means ptxas serialized them),
 ``UTMALDG`` (TMA loads), ``UTMALDG...MULTICAST``, ``USETMAXREG`` (register reallocation), ``LDGSTS``
 (cp.async) and ``LDL``/``STL`` (local memory: register spills). The configurations cover both KV
@@ -34,14 +35,14 @@ from dataclasses import dataclass
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-COUNTED = ("HGMMA", "HGMMA_N16", "HGMMA_WIDE", "WGMMA_WAIT", "UTMALDG", "UTMALDG_MULTICAST", "UTMAPF", "USETMAXREG", "LDGSTS", "CLUSTER_BAR",
+COUNTED = ("HGMMA", "HGMMA_NARROW", "HGMMA_WIDE", "WGMMA_WAIT", "UTMALDG", "UTMALDG_MULTICAST", "UTMAPF", "USETMAXREG", "LDGSTS", "CLUSTER_BAR",
            "LD_DSMEM", "STG_128",
            "LDL", "STL")
 _PATTERNS = {
     "HGMMA": re.compile(r"\bHGMMA\b"),
-    # wgmma shapes: N = 16 (the narrow 2wg kernel's transposed products, 16 query rows as N) and
+    # wgmma shapes: N = 16 or 32 (the narrow 2wg kernel's transposed products, the query rows as N) and
     # N >= 64 (every product with the query rows as M: 64x64 QK, 64x256 P.V).
-    "HGMMA_N16": re.compile(r"\bHGMMA\.64x16x16\b"),
+    "HGMMA_NARROW": re.compile(r"\bHGMMA\.64x(?:16|32)x16\b"),
     "HGMMA_WIDE": re.compile(r"\bHGMMA\.64x(?:64|128|256)x16\b"),
     "WGMMA_WAIT": re.compile(r"\bWARPGROUP\.DEPBAR\b"),
     "UTMALDG": re.compile(r"\bUTMALDG\b"),
@@ -102,7 +103,7 @@ PROMISES = {
 # gather (page 1), and a configuration that would have a cluster with multicast switched off.
 DECODE_CONFIGS = (
     ("bfloat16", 128, 1, False, 64, True),
-    ("bfloat16", 16, 1, False, 64, True),  # one m-block of 16 rows (2wg: the narrow kernel), TMA pages
+    ("bfloat16", 16, 1, False, 64, True),  # one m-block of 16 rows (2wg: the narrow kernel, N 16), TMA pages
     ("float16", 16, 2, True, 64, True),
     ("bfloat16", 16, 1, False, 1, True),
     ("bfloat16", 64, 2, True, 16, False),
@@ -149,12 +150,12 @@ def targets(variants: list[str]) -> list[Target]:
                 need += ("STG_128",)  # store from the DSMEM exchange instead)
             from pipelines import paged_kv, variant_2wg_narrow
             if v == "2wg" and variant_2wg_narrow.serves(h_q * s_q, split_cluster):
-                # At most 16 rows: the narrow kernel, both products transposed (no padding rows).
-                need += ("HGMMA_N16",)
+                # At most 32 rows: the narrow kernel, both products transposed (no padding rows).
+                need += ("HGMMA_NARROW",)
                 forbid += ("HGMMA_WIDE",)
             else:
                 need += ("HGMMA_WIDE",)
-                forbid += ("HGMMA_N16",)
+                forbid += ("HGMMA_NARROW",)
             if v == "2wg":  # short chunks prefetched into L2 (MLADecode2WG.l2_prefetch_chunk_tiles): TMA only
                 if paged_kv.uses_tma(page):
                     need += ("UTMAPF",)

@@ -195,7 +195,12 @@ class MLADecodeBase:
         }
         if self.epilogue_scratch_bytes:  # the variant's epilogue staging (16-byte aligned)
             fields["scratch"] = align[mem[cutlass.Uint8, self.epilogue_scratch_bytes], 16]
+        fields.update(self.extra_shared_fields())
         return cute.struct(type("SharedStorage", (), {"__annotations__": fields}))
+
+    def extra_shared_fields(self) -> dict:
+        """A variant's own shared-memory fields (name: ``cute.struct`` member type), after the others."""
+        return {}
 
     def cluster_shape(self):
         if const_expr(self.split_cluster > 1):

@@ -241,14 +241,10 @@ class MLADecode2WG(MLADecodeBase):
                     ahead_page = Int32(0)
                     if is_k_producer:
                         ahead_page = self.loader.page_id(mBlockTable, r, ahead, seqlen, wg_tidx)
-                if const_expr(self.loader.prefetches_page()):
-                    # The page id of this warp's box of tile blk + kv_stages, read now (before the waits
-                    # for P and the stage, and the P.V) so that its latency is hidden by them instead of
-                    # sitting between the stage's release and the TMA issue below. A tile index past
-                    # the chunk reads the last valid page (clamped) and is not used.
-                    next_page = Int32(0)
-                    if is_k_producer:
-                        next_page = self.loader.page_id(mBlockTable, r, blk + self.kv_stages * self.split_cluster, seqlen, wg_tidx)
+                # Read now (before the waits for P and the stage, and the P.V) so that its latency is
+                # hidden by them instead of sitting between the stage's release and the TMA issue below.
+                next_page = self.next_page_early(is_k_producer, mBlockTable, r, blk + self.kv_stages * self.split_cluster,
+                                                 seqlen, wg_tidx)
                 cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
                 for i in cutlass.range_constexpr(n_rows_thr):
                     row_scale[i] = s_row_scale[tOcO[i, 0][0]]
@@ -264,14 +260,8 @@ class MLADecode2WG(MLADecodeBase):
                 k_state.advance()
                 if is_k_producer:
                     if blk + self.kv_stages * self.split_cluster < stop:
-                        if const_expr(self.loader.prefetches_page()):
-                            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r,
-                                                  blk + self.kv_stages * self.split_cluster, seqlen, kv_head,
-                                                  wg_tidx, page=next_page)
-                        else:
-                            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r,
-                                                  blk + self.kv_stages * self.split_cluster, seqlen, kv_head,
-                                                  wg_tidx)
+                        self.refill(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk + self.kv_stages * self.split_cluster,
+                                    seqlen, kv_head, wg_tidx, next_page)
                         k_prod.advance()
                     if const_expr(self.prefetches_l2()):
                         if ahead < stop:
@@ -293,11 +283,10 @@ class MLADecode2WG(MLADecodeBase):
                 # stage is free once the chunk's last P.V has released it. (Not with a split cluster:
                 # its epilogue uses the K stages as scratch.)
                 if r < end_req:
-                    n_seqlen, _, n_start, n_stop, _, _ = self.chunk_bounds(
-                        r + 1, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-                    q_prod, k_prod = self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod,
-                                                          tma_k, mK, sK, mBlockTable, pipe_k, k_prod, m_block,
-                                                          kv_head, r + 1, n_start, n_stop, n_seqlen, wg_tidx)
+                    q_prod, k_prod = self.load_next_chunk_head(
+                        is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK, mBlockTable, pipe_k,
+                        k_prod, m_block, kv_head, r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens,
+                        mNumSplits, wg_tidx)
                     prefetched = Int32(1)
             self.store_chunk(acc_o, mma_pv_ss, wg_tidx, wg_tidx + 128, row_inv, row_inv, False, HALF, m_block,
                              kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
@@ -341,6 +330,40 @@ class MLADecode2WG(MLADecodeBase):
                         page = self.loader.page_id(mBlockTable, r, ahead, seqlen, wg_tidx)
                         self.loader.prefetch_tile(tma_k, mK, sK, ahead, kv_head, page, wg_tidx)
         return q_prod, k_prod
+
+    @cute.jit
+    def load_next_chunk_head(self, is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK,
+                             mBlockTable, pipe_k, k_prod, m_block, kv_head, r, begin_req, begin_block, end_req,
+                             end_block, begin_split, mSeqlens, mNumSplits, wg_tidx):
+        """``load_chunk_head`` of request ``r + 1`` (its bounds read here): the next chunk's Q and first K
+        tiles, issued before this chunk's epilogue."""
+        n_seqlen, _, n_start, n_stop, _, _ = self.chunk_bounds(
+            r + 1, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
+        return self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK,
+                                    mBlockTable, pipe_k, k_prod, m_block, kv_head, r + 1, n_start, n_stop, n_seqlen,
+                                    wg_tidx)
+
+    @cute.jit
+    def next_page_early(self, is_k_producer, mBlockTable, r, blk, seqlen, wg_tidx) -> Int32:
+        """This producer warp's page id of tile ``blk`` where the loader takes one from the caller
+        (``prefetches_page``; 0 elsewhere, unused): read a tile early, so that its latency is not on the
+        path from a stage's release to its refill. A tile index past the chunk reads the last valid
+        page (clamped) and is not used."""
+        page = Int32(0)
+        if const_expr(self.loader.prefetches_page()):
+            if is_k_producer:
+                page = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
+        return page
+
+    @cute.jit
+    def refill(self, tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx, page):
+        """A K producer warp's load of tile ``blk`` into the stage ``k_prod`` points at (acquired inside),
+        with ``page`` from ``next_page_early`` where the loader takes it."""
+        if const_expr(self.loader.prefetches_page()):
+            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx,
+                                  page=page)
+        else:
+            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx)
 
     def prefetches_short_chunks(self) -> bool:
         """Whether short chunks are prefetched into L2 whole (``l2_prefetch_chunk_tiles``; TMA pages only)."""

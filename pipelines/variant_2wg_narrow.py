@@ -46,9 +46,17 @@ from pipelines import layouts, softmax
 from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, _store_global_v4
 from pipelines.variant_2wg import BAR_P_EMPTY, BAR_P_FULL, BAR_WG0, BAR_WG1, MLADecode2WG
 
-NARROW = 16
-"""Query rows the transposed products compute (their wgmma N): the kernel serves up to this many rows per CTA."""
+NARROW = 32
+"""The most query rows per kv head the kernel serves."""
+WIDTHS = (16, 32)
+"""The wgmma N of its transposed products: the smallest that holds the rows (``width_for``)."""
+PASS_ROWS = 16  # rows the epilogue stages through the scratch at a time
 WARPS = 4  # warps of WG0
+
+
+def width_for(rows: int) -> int:
+    """The products' N for ``rows`` query rows per kv head (at most ``NARROW``)."""
+    return next(w for w in WIDTHS if rows <= w)
 
 
 def serves(rows_per_kv_head: int, split_cluster: int = 1) -> bool:
@@ -74,8 +82,8 @@ def _load_shared_v4(addr: Int32):
 
 
 class MLADecode2WGNarrow(MLADecode2WG):
-    q_tile_rows = NARROW
-    epilogue_scratch_bytes = NARROW * ROW_32 * 4
+    # 16 rows of fp32 per epilogue pass (``store_transposed``; 16-bit rows take less).
+    epilogue_scratch_bytes = PASS_ROWS * ROW_32 * 4
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -84,12 +92,20 @@ class MLADecode2WGNarrow(MLADecode2WG):
                              f"got {self.rows} (h_q / h_kv * s_q)")
         if self.split_cluster != 1:
             raise ValueError(f"the narrow 2wg kernel has no split-cluster form (split_cluster {self.split_cluster})")
+        self.width = width_for(self.rows)
+        self.q_tile_rows = self.width  # Q's rows in shared memory and its TMA box
+
+    def extra_shared_fields(self) -> dict:
+        """The column statistics of WG0's softmax: per warp and column the tile's max (two tiles' slots,
+        alternating) and the chunk's sum."""
+        mem = cute.struct.MemRange
+        return {"col_max_x": mem[Float32, 2 * WARPS * self.width], "col_sum_x": mem[Float32, WARPS * self.width]}
 
     def mma_st(self):
-        """S^T = K.Q^T: 64 tokens x 16 rows, K (A) and Q (B) both K-major from shared memory."""
+        """S^T = K.Q^T: 64 tokens x ``width`` rows, K (A) and Q (B) both K-major from shared memory."""
         return sm90.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
-            (1, 1, 1), (BLOCK_N, NARROW))
+            (1, 1, 1), (BLOCK_N, self.width))
 
     @cute.jit
     def issue_st(self, acc_t, tTrK, tTrQ, stage):
@@ -122,11 +138,11 @@ class MLADecode2WGNarrow(MLADecode2WG):
         return value
 
     def mma_ot(self):
-        """O^T = V^T.P^T: M = value dims (A: the K stage, MN-major), N = 16 rows, K = the 64 tokens (B: P,
-        K-major, its rows' tokens contiguous)."""
+        """O^T = V^T.P^T: M = value dims (A: the K stage, MN-major), N = ``width`` rows, K = the 64 tokens
+        (B: P, K-major, its rows' tokens contiguous)."""
         return sm90.make_trivial_tiled_mma(
             self.dtype, self.dtype, warpgroup.OperandMajorMode.MN, warpgroup.OperandMajorMode.K, Float32,
-            (1, 1, 1), (64, NARROW))
+            (1, 1, 1), (64, self.width))
 
     @cute.jit
     def issue_ot(self, acc_ot, tOrV, tOrP, stage):
@@ -145,8 +161,8 @@ class MLADecode2WGNarrow(MLADecode2WG):
         begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
         wg = tidx // 128
         wg_tidx = tidx % 128
-        s_row_scale = storage.row_scale.get_tensor(cute.make_layout(NARROW))
-        s_row_inv = storage.row_inv.get_tensor(cute.make_layout(NARROW))
+        s_row_scale = storage.row_scale.get_tensor(cute.make_layout(self.width))
+        s_row_inv = storage.row_inv.get_tensor(cute.make_layout(self.width))
         if wg == 0:
             self.wg0_scores(wg_tidx, kv_head, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens,
                             mNumSplits, mLSE, mLSEaccum, sQ, sK, sP, s_row_scale, s_row_inv, pipe_q, pipe_k,
@@ -167,15 +183,15 @@ class MLADecode2WGNarrow(MLADecode2WG):
         # P written transposed: the fragment's (token, row) -> sP[row, token] (rows 0-15 of sP, the B
         # operand of WG1's O^T).
         sPt = cute.make_tensor(sP.iterator, cute.composition(
-            sP.layout, cute.make_layout((BLOCK_N, NARROW), stride=(BLOCK_M, 1))))
+            sP.layout, cute.make_layout((BLOCK_N, self.width), stride=(BLOCK_M, 1))))
         tTsP = thr_st.partition_C(sPt)
-        tTcT = layouts.acc_mn_view(thr_st.partition_C(cute.make_identity_tensor((BLOCK_N, NARROW))))
+        tTcT = layouts.acc_mn_view(thr_st.partition_C(cute.make_identity_tensor((BLOCK_N, self.width))))
         n_tok = cute.size(tTcT, mode=[0])
         n_col = cute.size(tTcT, mode=[1])
         # Column maxima per warp, two tiles' worth (alternating), so a tile's maxima never overwrite the
         # previous tile's before every warp has read them; the chunk's column sums per warp.
-        s_col_max = storage.row_max_x.get_tensor(cute.make_layout((NARROW, WARPS, 2)))
-        s_col_sum = storage.row_sum_x.get_tensor(cute.make_layout((NARROW, WARPS)))
+        s_col_max = storage.col_max_x.get_tensor(cute.make_layout((self.width, WARPS, 2)))
+        s_col_sum = storage.col_sum_x.get_tensor(cute.make_layout((self.width, WARPS)))
         warp = wg_tidx // 32
         lane = wg_tidx % 32
 
@@ -195,7 +211,7 @@ class MLADecode2WGNarrow(MLADecode2WG):
             pipe_q.consumer_wait(q_state)
             for blk in cutlass.range(start, stop, unroll=1):
                 self.loader.consumer_wait(pipe_k, k_state)
-                acc_t = cute.make_rmem_tensor(thr_st.partition_shape_C((BLOCK_N, NARROW)), Float32)
+                acc_t = cute.make_rmem_tensor(thr_st.partition_shape_C((BLOCK_N, self.width)), Float32)
                 self.issue_st(acc_t, tTrK, tTrQ, k_state.index)
                 warpgroup.wait_group(0)
                 # WG0 reads nothing more of this stage (WG1's P.V still does: the stage refills once both
@@ -282,8 +298,8 @@ class MLADecode2WGNarrow(MLADecode2WG):
         sV = cute.make_tensor(sK.iterator, layouts.v_view_layout(sK.layout, HEAD_DIM_V, BLOCK_N, HEAD_DIM,
                                                                  self.kv_stages))
         tOrV = thr_ot.make_fragment_A(thr_ot.partition_A(sV))
-        tOrP = thr_ot.make_fragment_B(thr_ot.partition_B(cute.local_tile(sP, (NARROW, BLOCK_N), (0, 0))))
-        tOcO = layouts.acc_mn_view(thr_ot.partition_C(cute.make_identity_tensor((HEAD_DIM_V, NARROW))))
+        tOrP = thr_ot.make_fragment_B(thr_ot.partition_B(cute.local_tile(sP, (self.width, BLOCK_N), (0, 0))))
+        tOcO = layouts.acc_mn_view(thr_ot.partition_C(cute.make_identity_tensor((HEAD_DIM_V, self.width))))
         n_col = cute.size(tOcO, mode=[1])
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         # Producers as in 2wg (``wg1_load_pv``): the first warp issues Q, the loader's producer warps K.
@@ -303,16 +319,12 @@ class MLADecode2WGNarrow(MLADecode2WG):
                                                       tma_k, mK, sK, mBlockTable, pipe_k, k_prod, m_block, kv_head,
                                                       r, start, stop, seqlen, wg_tidx)
             prefetched = Int32(0)
-            acc_ot = cute.make_rmem_tensor(thr_ot.partition_shape_C((HEAD_DIM_V, NARROW)), Float32)
+            acc_ot = cute.make_rmem_tensor(thr_ot.partition_shape_C((HEAD_DIM_V, self.width)), Float32)
             acc_ot.fill(0.0)
             acc_mn = layouts.acc_mn_view(acc_ot)
             col_scale = cute.make_rmem_tensor(n_col, Float32)
             for blk in cutlass.range(start, stop, unroll=1):
-                if const_expr(self.loader.prefetches_page()):
-                    # The page id of this warp's box of tile blk + kv_stages, read before the waits (2wg).
-                    next_page = Int32(0)
-                    if is_k_producer:
-                        next_page = self.loader.page_id(mBlockTable, r, blk + self.kv_stages, seqlen, wg_tidx)
+                next_page = self.next_page_early(is_k_producer, mBlockTable, r, blk + self.kv_stages, seqlen, wg_tidx)
                 cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
                 need = False
                 for j in cutlass.range_constexpr(n_col):
@@ -335,12 +347,8 @@ class MLADecode2WGNarrow(MLADecode2WG):
                 k_state.advance()
                 if is_k_producer:
                     if blk + self.kv_stages < stop:
-                        if const_expr(self.loader.prefetches_page()):
-                            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk + self.kv_stages,
-                                                  seqlen, kv_head, wg_tidx, page=next_page)
-                        else:
-                            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk + self.kv_stages,
-                                                  seqlen, kv_head, wg_tidx)
+                        self.refill(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk + self.kv_stages, seqlen, kv_head,
+                                    wg_tidx, next_page)
                         k_prod.advance()
             cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
             col_inv = cute.make_rmem_tensor(n_col, Float32)
@@ -351,11 +359,10 @@ class MLADecode2WGNarrow(MLADecode2WG):
                 # The next chunk's Q and first K tiles before this chunk's epilogue (2wg's reasoning:
                 # Q was released by WG0 before it published 1/sum, every K stage by the last P.V).
                 if r < end_req:
-                    n_seqlen, _, n_start, n_stop, _, _ = self.chunk_bounds(
-                        r + 1, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-                    q_prod, k_prod = self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod,
-                                                          tma_k, mK, sK, mBlockTable, pipe_k, k_prod, m_block,
-                                                          kv_head, r + 1, n_start, n_stop, n_seqlen, wg_tidx)
+                    q_prod, k_prod = self.load_next_chunk_head(
+                        is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK, mBlockTable, pipe_k,
+                        k_prod, m_block, kv_head, r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens,
+                        mNumSplits, wg_tidx)
                     prefetched = Int32(1)
             if is_split:
                 self.store_transposed(acc_mn, tOcO, col_inv, wg_tidx, kv_head, split_idx, mOaccum, storage)
@@ -365,25 +372,30 @@ class MLADecode2WGNarrow(MLADecode2WG):
     @cute.jit
     def store_transposed(self, acc_mn, tOcO, col_inv, wg_tidx, kv_head, last, mDst, storage):
         """WG1's O^T, normalised, into ``mDst[row, dim, kv_head, last]`` (``out`` or a partial): through
-        the scratch in ``mDst``'s dtype and row order, then 16-byte loads and stores (rows past h_q * s_q
-        are not stored)."""
+        the scratch in ``mDst``'s dtype and row order, 16 rows at a time, then 16-byte loads and stores
+        (rows past h_q * s_q are not stored). The thread's columns are ``2q + e + 8g`` for its fragment
+        column ``j = e + 2g``, so pass ``p`` (rows ``16p .. 16p + 15``) holds ``j`` in ``[4p, 4p + 4)``."""
         dtype = mDst.element_type
         row_elems = ROW_16 if const_expr(dtype.width == 16) else ROW_32
         scratch = cute.recast_ptr(storage.scratch.data_ptr(), dtype=dtype)
-        sO = cute.make_tensor(scratch, cute.make_layout((NARROW, HEAD_DIM_V), stride=(row_elems, 1)))
-        # The previous chunk's vector loads are done before anyone overwrites the scratch.
-        cute.arch.barrier(barrier_id=BAR_WG1, number_of_threads=128)
-        for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-            for j in cutlass.range_constexpr(cute.size(acc_mn, mode=[1])):
-                sO[tOcO[i, j][1], tOcO[i, j][0]] = (acc_mn[i, j] * col_inv[j]).to(dtype)
-        cute.arch.barrier(barrier_id=BAR_WG1, number_of_threads=128)
+        sO = cute.make_tensor(scratch, cute.make_layout((PASS_ROWS, HEAD_DIM_V), stride=(row_elems, 1)))
         per_vec = 128 // dtype.width  # elements per 16 bytes
         vecs = HEAD_DIM_V // per_vec  # per row
-        rows = min(NARROW, self.rows)
         base = Int32(scratch.toint())
-        for v in cutlass.range(wg_tidx, rows * vecs, 128, unroll=1):
-            row = v // vecs
-            col = (v - row * vecs) * per_vec
-            words = _load_shared_v4(base + (row * row_elems + col) * (dtype.width // 8))
-            ptr = mDst.iterator + cute.crd2idx((row, col, kv_head, last), mDst.layout)
-            _store_global_v4(ptr, words)
+        n_col = cute.size(acc_mn, mode=[1])
+        passes = self.width // PASS_ROWS
+        for p in cutlass.range_constexpr(passes):
+            # The previous pass's (or chunk's) vector loads are done before anyone overwrites the scratch.
+            cute.arch.barrier(barrier_id=BAR_WG1, number_of_threads=128)
+            for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
+                for j in cutlass.range_constexpr(p * n_col // passes, (p + 1) * n_col // passes):
+                    sO[tOcO[i, j][1] - p * PASS_ROWS, tOcO[i, j][0]] = (acc_mn[i, j] * col_inv[j]).to(dtype)
+            cute.arch.barrier(barrier_id=BAR_WG1, number_of_threads=128)
+            rows = min(PASS_ROWS, self.rows - p * PASS_ROWS)
+            if const_expr(rows > 0):
+                for v in cutlass.range(wg_tidx, rows * vecs, 128, unroll=1):
+                    row = v // vecs
+                    col = (v - row * vecs) * per_vec
+                    words = _load_shared_v4(base + (row * row_elems + col) * (dtype.width // 8))
+                    ptr = mDst.iterator + cute.crd2idx((row + p * PASS_ROWS, col, kv_head, last), mDst.layout)
+                    _store_global_v4(ptr, words)

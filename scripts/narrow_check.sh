@@ -25,6 +25,20 @@ ab)
   rows="$rows --config 16,32,1,16,4096 --config 16,128,1,16,4096"
   step ab 280 python scripts/entry_ab.py $modes $rows --replays 300 --json "$out/ab.json" || fail=1
   grep -E "pass 2" "$out/ab.log" ;;
+widths)
+  # The 32-wide form (17-32 rows per kv head) and the refactor of the refills: the narrow tests, 2wg's kernel
+  # tests, sanitizers on three 32-wide tests, then 2wg (narrow) against 2wg-wide and 3wg on 32-row shapes.
+  OUT=$out/narrow python scripts/gpu_tests_sharded.py tests/test_narrow_gpu.py --shards 14 --timeout 200 || fail=1
+  OUT=$out/kernel python scripts/gpu_tests_sharded.py tests/test_kernel_gpu.py --shards 14 --timeout 240 -k 2wg || fail=1
+  for tool in memcheck synccheck; do
+    MLA_NARROW_TEST_LIMIT_S=200 step "$tool" 120 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      python -m pytest -m gpu -q -p no:cacheprovider tests/test_narrow_gpu.py \
+      -k "b1-sq1-h32-hkv1-full-p64 or b5-sq2-h16 or b4-sq4-h8" || fail=1
+  done
+  rows="--config 64,1,1,32,16384 --config 64,8,1,32,4096 --config 64,32,1,32,4096 --config 64,128,1,32,4096"
+  rows="$rows --config 64,1,2,16,16384 --config 64,8,2,16,4096 --config 64,128,2,16,4096 --config 1,8,1,32,4096"
+  step ab32 200 python scripts/entry_ab.py $modes $rows --replays 200 --passes 2 --json "$out/ab32.json" || fail=1
+  grep -E "pass 2" "$out/ab32.log" ;;
 checks)
   for tool in memcheck synccheck; do
     MLA_NARROW_TEST_LIMIT_S=200 step "$tool" 150 compute-sanitizer --tool "$tool" --error-exitcode 1 \

@@ -219,11 +219,11 @@ def test_dependent_launch_order_in_sass():
 
 @pytest.mark.skipif(compile_check.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
 def test_narrow_kernel_transposes_both_products():
-    """The narrow 2wg kernel (pipelines/variant_2wg_narrow.py): both products are 64 x 16 wgmmas, 36 for S^T
-    (one per 16 of the 576 dims) and 32 for O^T (8 blocks of 64 value dims x 4 k-steps of 16 tokens), and
-    nothing 64 rows wide; no local memory, wgmma not serialized, the epilogue's 16-byte stores, the PDL
-    order kept; the "2wg" pipeline builds it at <= 16 rows per kv head (not for a split cluster); more
-    rows, or a split cluster, are refused."""
+    """The narrow 2wg kernel (pipelines/variant_2wg_narrow.py): both products are 64 x N wgmmas with N the
+    16 or 32 columns that hold the rows, 36 for S^T (one per 16 of the 576 dims) and 32 for O^T (8 blocks
+    of 64 value dims x 4 k-steps of 16 tokens), and nothing 64 rows wide; no local memory, wgmma not
+    serialized, the epilogue's 16-byte stores, the PDL order kept; the "2wg" pipeline builds it at <= 32
+    rows per kv head (not for a split cluster); more rows, or a split cluster, are refused."""
     import re
     import tempfile
 
@@ -232,31 +232,36 @@ def test_narrow_kernel_transposes_both_products():
     from pipelines.variant_2wg import MLADecode2WG
     from pipelines.variant_2wg_narrow import NARROW, MLADecode2WGNarrow
 
-    conf = DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False)
-    assert launch._kernel_class("2wg", conf) is MLADecode2WGNarrow
-    with tempfile.TemporaryDirectory() as dump:
-        fn = compile_entry(conf, options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump}")
-        sass = compile_check.disassemble(compile_check.find_nvdisasm(), fn.artifacts.CUBIN, dump)
-    shapes = re.findall(r"HGMMA\.(\d+x\d+x\d+)", sass)
-    assert shapes.count("64x16x16") == 36 + 32 and len(shapes) == 68
-    counts = compile_check.count_sass(sass)
-    assert compile_check.check_promises(counts, ("HGMMA_N16", "UTMALDG", "STG_128"),
-                                        ("HGMMA_WIDE", "LDL", "STL", "LDGSTS")) == []
-    assert counts["WGMMA_WAIT"] <= 4
-    assert compile_check.dependent_launch_problems(sass) == []
+    for h_q, s_q, width in ((16, 1, 16), (16, 2, 32)):
+        conf = DecodeConfig.make("2wg", "bfloat16", h_q, s_q, 64, s_q > 1)
+        assert launch._kernel_class("2wg", conf) is MLADecode2WGNarrow
+        with tempfile.TemporaryDirectory() as dump:
+            fn = compile_entry(conf, options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {dump}")
+            sass = compile_check.disassemble(compile_check.find_nvdisasm(), fn.artifacts.CUBIN, dump)
+        shapes = re.findall(r"HGMMA\.(\d+x\d+x\d+)", sass)
+        assert shapes.count(f"64x{width}x16") == 36 + 32 and len(shapes) == 68, (h_q, s_q)
+        counts = compile_check.count_sass(sass)
+        assert compile_check.check_promises(counts, ("HGMMA_NARROW", "UTMALDG", "STG_128"),
+                                            ("HGMMA_WIDE", "LDL", "STL", "LDGSTS")) == []
+        assert counts["WGMMA_WAIT"] <= 4
+        assert compile_check.dependent_launch_problems(sass) == []
     # Which configurations get it: rows per kv head, not h_q.
     for h_q, s_q, h_kv, split_cluster, narrow in ((16, 1, 1, 1, True), (8, 2, 1, 1, True), (4, 4, 1, 1, True),
                                                   (1, 1, 1, 1, True), (32, 1, 2, 1, True), (128, 1, 8, 1, True),
-                                                  (16, 2, 1, 1, False), (32, 1, 1, 1, False), (64, 1, 1, 1, False),
+                                                  (16, 2, 1, 1, True), (32, 1, 1, 1, True), (8, 4, 1, 1, True),
+                                                  (64, 1, 2, 1, True), (24, 1, 1, 1, True),
+                                                  (16, 3, 1, 1, False), (64, 1, 1, 1, False), (128, 1, 1, 1, False),
                                                   (16, 1, 1, 4, False)):
         c = DecodeConfig.make("2wg", "bfloat16", h_q, s_q, 64, False, h_kv, True, None, split_cluster)
         assert (launch._kernel_class("2wg", c) is MLADecode2WGNarrow) is narrow, (h_q, s_q, h_kv, split_cluster)
         if not narrow:
             assert launch._kernel_class("2wg", c) is MLADecode2WG
-    with pytest.raises(ValueError, match="at most 16 query rows"):
+    assert MLADecode2WGNarrow(cutlass_bf16(), 16, 1, 64, False).width == 16
+    assert MLADecode2WGNarrow(cutlass_bf16(), 24, 1, 64, False).width == 32
+    with pytest.raises(ValueError, match="at most 32 query rows"):
         MLADecode2WGNarrow(cutlass_bf16(), 2 * NARROW, 1, 64, False)
-    with pytest.raises(ValueError, match="at most 16 query rows"):
-        MLADecode2WGNarrow(cutlass_bf16(), 16, 2, 64, True)  # 32 rows of MTP
-    assert MLADecode2WGNarrow(cutlass_bf16(), 32, 1, 64, False, 2).rows == NARROW  # 16 rows per kv head
+    with pytest.raises(ValueError, match="at most 32 query rows"):
+        MLADecode2WGNarrow(cutlass_bf16(), 16, 3, 64, True)  # 48 rows of MTP
+    assert MLADecode2WGNarrow(cutlass_bf16(), 64, 1, 64, False, 2).rows == NARROW  # 32 rows per kv head
     with pytest.raises(ValueError, match="split-cluster"):
         MLADecode2WGNarrow(cutlass_bf16(), 16, 1, 64, False, 1, True, 4)

@@ -1,5 +1,5 @@
 """GPU tests of the narrow 2wg kernel (``pipelines.variant_2wg_narrow``: both products transposed), which the
-``"2wg"`` pipeline runs at <= 16 query rows per kv head (``test_kernel_gpu.py`` reaches it through the API on
+``"2wg"`` pipeline runs at <= 32 query rows per kv head (``test_kernel_gpu.py`` reaches it through the API on
 its h16 cases; these are the shapes that exercise its column layout): its decode entry, launched on the API's plan, against the fp32 reference, for every shape it
 serves (at most 16 query rows per kv head). Same poisoned inputs as the registered variants' tests (NaN in
 every unused cache slot, random page order, NaN-filled out and lse). The tests run after every other
@@ -35,6 +35,14 @@ CASES = [
     ([140, 4096, 33], 2, 8, 1, True, 16, torch.bfloat16),  # four pages per tile
     ([140, 4096, 33], 1, 16, 1, False, 32, torch.bfloat16),
     ([300, 4096, 65], 1, 16, 1, False, 128, torch.bfloat16),  # half a page per tile
+    # 17-32 rows per kv head: products 32 wide, the epilogue in two passes of 16 rows
+    ([140, 20, 4096, 0], 1, 32, 1, False, 64, torch.bfloat16),
+    ([20, 140, 2, 0, 700], 2, 16, 1, True, 64, torch.bfloat16),  # MTP on h16: 32 rows
+    ([20, 140, 4096, 3], 4, 8, 1, True, 16, torch.float16),
+    ([140, 20, 300], 1, 24, 1, False, 1, torch.bfloat16),  # 24 rows: 8 padding columns, second pass half full
+    ([16384], 1, 32, 1, False, 64, torch.bfloat16),  # split over every SM, merged
+    (varlen(32, 1000, seed=6, zeros=2), 1, 64, 2, False, 64, torch.bfloat16),  # 32 rows per kv head
+    ([300, 4096, 65], 2, 16, 1, True, 128, torch.bfloat16),
 ]
 
 
@@ -115,9 +123,11 @@ def test_narrow_kernel_matches_reference(case):
 
 def test_narrow_kernel_lazy_rescale_with_growing_scores():
     _run(([4096, 1000], 1, 16, 1, False, 64, torch.bfloat16), 7, grow=True)
+    _run(([4096, 1000], 1, 32, 1, False, 64, torch.bfloat16), 8, grow=True)
 
 
 def test_narrow_kernel_fp32_partials():
     """The split path with fp32 partials (the default is 16-bit): b1 16384 over every SM, and a varlen batch."""
     _run(([16384], 1, 16, 1, False, 64, torch.bfloat16), 11, partial="float32")
     _run((varlen(8, 3000, seed=5, zeros=1), 2, 8, 1, True, 64, torch.float16), 12, partial="float32")
+    _run(([16384, 300], 2, 16, 1, True, 64, torch.bfloat16), 13, partial="float32")  # two passes of fp32
