@@ -83,11 +83,13 @@ SLOWER = 0.02  # the report flags rows where the choice is more than 2% slower t
 GATHER_PAGES = (1, 2, 4, 8)  # pipelines.paged_kv.GATHER_PAGE_SIZES (not imported: it imports the DSL)
 KEY_FIELDS = ("page_size", "s_q", "h_q", "h_kv", "batch", "kv_capacity")
 # Runs dated before NARROW_SINCE measured "2wg" before it had its narrow kernel (pipelines.
-# variant_2wg_narrow, which "2wg" runs at <= NARROW_ROWS query rows per kv head; commit b4ec690).
-# Paired against 3wg on an H100 (docs/perf-notes.md, sixteenth session) the narrow 2wg was faster on all
-# 14 rows measured (h16 s1 and h8 s2; pages 1, 16, 64; b1-b128; 1024-16384 keys) by 1-28%, so a key of
-# at most NARROW_ROWS rows per kv head that only such runs measured gets 2wg (step 5).
-NARROW_ROWS = 16  # pipelines.variant_2wg_narrow.NARROW (not imported: it imports the DSL)
+# variant_2wg_narrow, which "2wg" runs at <= 32 query rows per kv head; at <= 16 since commit b4ec690).
+# Paired against 3wg on an H100 (docs/perf-notes.md, sixteenth session) the narrow 2wg at <= 16 rows was
+# faster on all 14 rows measured (h16 s1 and h8 s2; pages 1, 16, 64; b1-b128; 1024-16384 keys) by 1-28%,
+# so a key of at most NARROW_ROWS rows per kv head that only such runs measured gets 2wg (step 5). At
+# 17-32 rows the narrow kernel is within 0.5% of the 64-row 2wg on batches (1% ahead of 3wg at the one
+# page-1 row measured, where the table has 3wg on some keys by 1-3%): those keys keep what was measured.
+NARROW_ROWS = 16
 NARROW_SINCE = "2026-11-25T22:20:00Z"
 
 PACKAGE_DIR = pathlib.Path(__file__).resolve().parent

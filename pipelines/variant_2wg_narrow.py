@@ -1,35 +1,37 @@
-"""2wg for narrow problems (at most 16 query rows per kv head: h_q 16 at s_q 1, the DeepSeek TP8 decode; h_q
-8 at s_q 2; h_q 4 at s_q 4): both products transposed, so the tensor cores multiply no padding rows.
-``launch`` builds this kernel for the ``"2wg"`` pipeline wherever it serves the configuration (``serves``).
+"""2wg for narrow problems (at most 32 query rows per kv head: h_q 16 at s_q 1, the DeepSeek TP8 decode; h_q
+32 at s_q 1 (TP4); h_q 16 at s_q 2 (TP8 with MTP); h_q 8 at s_q 4): both products transposed, so the tensor
+cores multiply no padding rows. ``launch`` builds this kernel for the ``"2wg"`` pipeline wherever it serves
+the configuration (``serves``).
 
 Why. A wgmma's M is 64 rows, so the 2wg products (S = Q.K^T and O = P.V, M = query rows) compute 64
 rows whatever h_q is; at 16 rows three quarters of the tensor-core work is padding. Measured on an H100
 (docs/perf-notes.md, fifteenth session): one CTA walking a 16-tile chunk took the same time per tile at
 h_q 16, 64 and 128, about 2 us, and prefetching the chunk into L2 did not help: the latency rows' CTAs
 wait for their per-tile chain, not for memory. A first narrow form (S^T only) saved 2-4%; with both
-transposed (this module, sixteenth session) the h16 rows run 6-18% faster than 2wg.
+transposed (this module, sixteenth session) 2wg's 64-row form takes 1.01-1.26x its time on the h16 rows,
+and up to 1.10x on the 32-row shapes (b1, long context; within 0.5% on batches).
 
-The products: S^T = K.Q^T (M = the 64 tokens, N = 16 rows; K as the A operand straight from its stage,
-Q's 16 rows as B) and O^T = V^T.P^T (M = the 512 value dims, N = 16 rows, K = the 64 tokens: the K stage
-read MN-major as the A operand, no copy, and P from shared memory as the B operand). The tile's
-multiply-adds drop from 4.5M (2wg) to 1.1M, and the two products are about equal in size (0.59M and
-0.52M), so they go to one warpgroup each:
+The products, with N = ``width``, the 16 or 32 columns that hold the rows (``width_for``): S^T = K.Q^T
+(M = the 64 tokens; K as the A operand straight from its stage, Q's rows as B) and O^T = V^T.P^T (M =
+the 512 value dims, K = the 64 tokens: the K stage read MN-major as the A operand, no copy, and P from
+shared memory as the B operand). At N = 16 the tile's multiply-adds drop from 4.5M (2wg) to 1.1M, and
+the two products are about equal in size (0.59M and 0.52M), so they go to one warpgroup each:
 
 - WG0: S^T of tile t; the softmax runs down the columns (the thread's two tokens, the 8 lanes sharing
-  ``lane % 4`` by butterfly shuffles, the 4 warps through ``row_max_x``, two tiles' slots alternating);
-  P^T and the 16 columns' factors to shared memory (P_FULL). It releases its read of the K stage right
+  ``lane % 4`` by butterfly shuffles, the 4 warps through ``col_max_x``, two tiles' slots alternating);
+  P^T and the columns' factors to shared memory (P_FULL). It releases its read of the K stage right
   after its wgmma, so it starts the next tile's S^T while WG1 multiplies this one's P.V.
-- WG1: the loads (2wg's producer warps), then per tile the factors applied to its 16 columns, the
-  whole O^T (8 wgmma M blocks x 4 k-steps of m64n16k16; 64 fp32 accumulators per thread instead of
-  128), P_EMPTY, the stage released and refilled.
+- WG1: the loads (2wg's producer warps), then per tile the factors applied to its columns, the whole
+  O^T (8 wgmma M blocks x 4 k-steps of m64nNk16; 64 or 128 fp32 accumulators per thread), P_EMPTY, the
+  stage released and refilled.
 - Epilogue (WG1): O^T is the transpose of what ``out`` and the partials want, and each lane holds single
   16-bit elements of 8-element runs, so the normalised values go to a shared-memory scratch laid out
-  as the destination rows (``epilogue_scratch_bytes``; row strides chosen so that the 4 lane groups of
-  a store hit distinct banks) and leave as 16-byte vector stores. WG0 writes the lse.
+  as the destination rows, 16 rows per pass (``epilogue_scratch_bytes``; row strides chosen so that the
+  4 lane groups of a store hit distinct banks), and leave as 16-byte vector stores. WG0 writes the lse.
 
-Shared memory: Q is kept as 16 rows (``q_tile_rows``: 18 KB instead of 72), which makes room for the
-scratch (up to 16 x 516 fp32). Only without clusters: one m-block has no multicast peer, and split
-clusters are not served (``serves``).
+Shared memory: Q is kept as ``width`` rows (``q_tile_rows``: 18 or 36 KB instead of 72), which makes
+room for the scratch (16 x 516 fp32) and the column statistics (224 KB in all at N = 32). Only without
+clusters: one m-block has no multicast peer, and split clusters are not served (``serves``).
 """
 from __future__ import annotations
 
