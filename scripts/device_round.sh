@@ -6,10 +6,10 @@
 #       carry=[".device"], kind="nvidia-h200")
 #
 # bars (default on an H200: the issues' bars are H200 numbers): the quick perf grid with its eager
-# column (written as perf JSON to $OUT), scripts/host_timing.py eager (issue 11's host path), and the
-# experimental narrow kernel against 2wg on four h16 rows.
+# column (written as perf JSON to $OUT), scripts/host_timing.py eager (issue 11's host path), and 2wg
+# (its narrow kernel at <= 32 rows) against the 64-row form on five narrow rows.
 # checks (default elsewhere): every GPU test (scripts/gpu_tests_sharded.py), then memcheck and synccheck
-# on a split decode per pipeline and of the narrow kernel.
+# on a split decode per pipeline and of the narrow kernel (16 and 32 wide).
 # Logs go to $OUT (or /tmp/device-round). Exit status: non-zero if a correctness step failed.
 set -u
 out=${OUT:-/tmp/device-round}; mkdir -p "$out"
@@ -20,6 +20,8 @@ echo "$gpu"
 mode=${1:-auto}
 if [ "$mode" = auto ]; then case "$gpu" in *H200*) mode=bars ;; *) mode=checks ;; esac; fi
 echo "mode $mode"
+# The caller passes COMMIT (the sha of the checkout sent): the device copy's .git can be stale (it said
+# 253e8ca for a tree at a7b43ce in the sixteenth session), so git there is not asked.
 commit=${COMMIT:-unknown}
 fail=0
 pt="python -m pytest -m gpu -q -p no:cacheprovider"
@@ -27,9 +29,10 @@ if [ "$mode" = bars ]; then
   step perf 330 python -m perf_table run --quick --out "$out" --commit "$commit" || fail=1
   step eager 200 python scripts/host_timing.py eager --rounds 3 || fail=1
   grep -E "us per call|GPU time" "$out/eager.log" || true
-  # The experimental narrow kernel against 2wg on the h16 rows (H100 numbers in docs/perf-notes.md).
-  step narrow 120 python scripts/entry_ab.py --mode 2wg --mode 2wg-narrow --config 64,1,1,16,1024 \
-    --config 64,1,1,16,16384 --config 64,8,1,16,4096 --config 64,32,1,16,1024 --replays 300 || fail=1
+  # 2wg's narrow kernel against its 64-row form on the narrow rows (H100 numbers in docs/perf-notes.md).
+  step narrow 150 python scripts/entry_ab.py --mode 2wg --mode 2wg-wide --config 64,1,1,16,1024 \
+    --config 64,1,1,16,16384 --config 64,8,1,16,4096 --config 64,1,1,32,16384 --config 64,1,2,16,16384 \
+    --replays 300 || fail=1
   grep -E "pass" "$out/narrow.log" | grep -v -i warn || true
 else
   # Every GPU test (about 450: 5 minutes in 14 pytest processes on an H100), then memcheck and synccheck
@@ -37,7 +40,7 @@ else
   OUT=$out/tests python scripts/gpu_tests_sharded.py tests/ --shards 14 --timeout 400 || fail=1
   for tool in memcheck synccheck; do
     step "$tool" 60 compute-sanitizer --tool "$tool" --error-exitcode 1 $pt tests/test_kernel_gpu.py \
-      tests/test_narrow_gpu.py -k "b1-sq1-h128-full-bfloat16-max16384 or b1-sq1-h16-hkv1-full-p64-bfloat16-max16384" \
+      tests/test_narrow_gpu.py -k "b1-sq1-h128-full-bfloat16-max16384 or b1-sq1-h16-hkv1-full-p64-bfloat16-max16384 or b1-sq1-h32-hkv1-full-p64" \
       || fail=1
   done
 fi
