@@ -87,7 +87,7 @@ KEY_FIELDS = ("page_size", "s_q", "h_q", "h_kv", "batch", "kv_capacity")
 # Paired against 3wg on an H100 (docs/perf-notes.md, sixteenth session) the narrow 2wg at <= 16 rows was
 # faster on all 14 rows measured (h16 s1 and h8 s2; pages 1, 16, 64; b1-b128; 1024-16384 keys) by 1-28%,
 # so a key of at most NARROW_ROWS rows per kv head that only such runs measured gets 2wg (step 5). At
-# 17-32 rows the narrow kernel is within 0.5% of the 64-row 2wg on batches (1% ahead of 3wg at the one
+# 17-32 rows the narrow kernel is within 1.3% of the 64-row 2wg on batches (1% ahead of 3wg at the one
 # page-1 row measured, where the table has 3wg on some keys by 1-3%): those keys keep what was measured.
 NARROW_ROWS = 16
 NARROW_SINCE = "2026-11-25T22:20:00Z"

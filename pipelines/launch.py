@@ -98,7 +98,7 @@ def partial_name(dtype, partial=None) -> str:
 
 def _kernel_class(variant: str, config: "DecodeConfig | None" = None):
     """The decode kernel's class for ``variant``; with ``config``, the ``"2wg"`` pipeline's narrow form
-    where it serves the configuration (``pipelines.variant_2wg_narrow.serves``: at most 16 query rows
+    where it serves the configuration (``pipelines.variant_2wg_narrow.serves``: at most 32 query rows
     per kv head, no split cluster)."""
     if variant == "2wg":
         from pipelines import variant_2wg_narrow

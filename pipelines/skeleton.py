@@ -71,7 +71,7 @@ class MLADecodeBase:
     # prefetch) with the previous call's tail. A class constant like lazy_rescale (an A/B sets it False).
     dependent_launch = True
     # Rows of Q's shared-memory tile and TMA box: one wgmma M. A variant that serves fewer query rows
-    # per CTA (the narrow kernels, 16) loads and keeps only those, which frees shared memory.
+    # per CTA (the narrow 2wg kernel, 16 or 32) loads and keeps only those, which frees shared memory.
     q_tile_rows = BLOCK_M
     # Bytes of shared memory a variant's epilogue stages its output through (``storage.scratch``,
     # 16-byte aligned); 0: none.

@@ -9,7 +9,7 @@ rows whatever h_q is; at 16 rows three quarters of the tensor-core work is paddi
 h_q 16, 64 and 128, about 2 us, and prefetching the chunk into L2 did not help: the latency rows' CTAs
 wait for their per-tile chain, not for memory. A first narrow form (S^T only) saved 2-4%; with both
 transposed (this module, sixteenth session) 2wg's 64-row form takes 1.01-1.26x its time on the h16 rows,
-and up to 1.10x on the 32-row shapes (b1, long context; within 0.5% on batches).
+and up to 1.10x on the 32-row shapes (b1, long context; within 1.3% on batches).
 
 The products, with N = ``width``, the 16 or 32 columns that hold the rows (``width_for``): S^T = K.Q^T
 (M = the 64 tokens; K as the A operand straight from its stage, Q's rows as B) and O^T = V^T.P^T (M =
@@ -19,8 +19,9 @@ the two products are about equal in size (0.59M and 0.52M), so they go to one wa
 
 - WG0: S^T of tile t; the softmax runs down the columns (the thread's two tokens, the 8 lanes sharing
   ``lane % 4`` by butterfly shuffles, the 4 warps through ``col_max_x``, two tiles' slots alternating);
-  P^T and the columns' factors to shared memory (P_FULL). It releases its read of the K stage right
-  after its wgmma, so it starts the next tile's S^T while WG1 multiplies this one's P.V.
+  P^T and the columns' factors to shared memory (P_FULL), then the next tile's S^T while WG1 multiplies
+  this one's P.V (WG0 waits only for P_EMPTY before it writes the next P). It releases its read of the K
+  stage right after its wgmma (the stage refills once WG1 has released it too).
 - WG1: the loads (2wg's producer warps), then per tile the factors applied to its columns, the whole
   O^T (8 wgmma M blocks x 4 k-steps of m64nNk16; 64 or 128 fp32 accumulators per thread), P_EMPTY, the
   stage released and refilled.
@@ -94,6 +95,9 @@ class MLADecode2WGNarrow(MLADecode2WG):
                              f"got {self.rows} (h_q / h_kv * s_q)")
         if self.split_cluster != 1:
             raise ValueError(f"the narrow 2wg kernel has no split-cluster form (split_cluster {self.split_cluster})")
+        if self.l2_prefetch_ahead:
+            raise ValueError("the narrow 2wg kernel has no per-tile L2 prefetch (l2_prefetch_ahead must be 0, got "
+                             f"{self.l2_prefetch_ahead}); short chunks are prefetched whole (l2_prefetch_chunk_tiles)")
         self.width = width_for(self.rows)
         self.q_tile_rows = self.width  # Q's rows in shared memory and its TMA box
 
@@ -182,7 +186,7 @@ class MLADecode2WGNarrow(MLADecode2WG):
         thr_st = self.mma_st().get_slice(wg_tidx)
         tTrK = thr_st.make_fragment_A(thr_st.partition_A(sK))
         tTrQ = thr_st.make_fragment_B(thr_st.partition_B(sQ))
-        # P written transposed: the fragment's (token, row) -> sP[row, token] (rows 0-15 of sP, the B
+        # P written transposed: the fragment's (token, row) -> sP[row, token] (rows 0 .. width-1 of sP, the B
         # operand of WG1's O^T).
         sPt = cute.make_tensor(sP.iterator, cute.composition(
             sP.layout, cute.make_layout((BLOCK_N, self.width), stride=(BLOCK_M, 1))))
@@ -244,12 +248,12 @@ class MLADecode2WGNarrow(MLADecode2WG):
                         t_mn[None, j], m_prev, m_new, col_sum[j], scale_log2, self.lazy_rescale)
                 parity = parity ^ 1
 
-                # P^T and the 16 columns' factors once WG1's previous P.V is done with them, then P_FULL.
+                # P^T and the columns' factors once WG1's previous P.V is done with them, then P_FULL.
                 rP = cute.make_rmem_tensor_like(acc_t, self.dtype)
                 rP.store(acc_t.load().to(self.dtype))
                 cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
                 cute.autovec_copy(rP, tTsP)
-                if wg_tidx < 4:  # lanes 0-3 of warp 0 hold all 16 columns
+                if wg_tidx < 4:  # lanes 0-3 of warp 0 hold every column
                     for j in cutlass.range_constexpr(n_col):
                         s_row_scale[tTcT[0, j][1]] = col_scale[j]
                 cute.arch.fence_view_async_shared()  # P is read by WG1's wgmma (async proxy)
@@ -375,7 +379,7 @@ class MLADecode2WGNarrow(MLADecode2WG):
     def store_transposed(self, acc_mn, tOcO, col_inv, wg_tidx, kv_head, last, mDst, storage):
         """WG1's O^T, normalised, into ``mDst[row, dim, kv_head, last]`` (``out`` or a partial): through
         the scratch in ``mDst``'s dtype and row order, 16 rows at a time, then 16-byte loads and stores
-        (rows past h_q * s_q are not stored). The thread's columns are ``2q + e + 8g`` for its fragment
+        (rows past ``self.rows``, the rows of one kv head, are not stored). The thread's columns are ``2q + e + 8g`` for its fragment
         column ``j = e + 2g``, so pass ``p`` (rows ``16p .. 16p + 15``) holds ``j`` in ``[4p, 4p + 4)``."""
         dtype = mDst.element_type
         row_elems = ROW_16 if const_expr(dtype.width == 16) else ROW_32

@@ -30,29 +30,30 @@ CONFIGS = ((64, 128, 1, 128, 4096), (64, 128, 2, 128, 4096), (64, 128, 1, 128, 1
 from pipelines import paged_kv  # noqa: E402,F401  (first: it pins the DSL's target arch)
 from pipelines.variant_2wg import MLADecode2WG  # noqa: E402
 from pipelines.variant_2wg_narrow import MLADecode2WGNarrow  # noqa: E402
-from pipelines.variant_seesaw import MLADecodeSeesaw  # noqa: E402
 
 
 def _sub(base, **attrs):
     return type(f"{base.__name__}_ab", (base,), attrs)
 
 
-# mode -> (variant of the entry config, kernel class or None for the library's, bit-identical to the first)
+# mode -> (variant of the entry config, the kernel: None for the library's, a class, or a dict of class
+# constants set on a subclass of the library's kernel for the configuration (``launch._kernel_class``: for
+# 2wg its narrow kernel at <= 32 rows per kv head, else the 64-row one), bit-identical to the first mode)
 MODES = {
-    "2wg": ("2wg", None, True),  # the library's 2wg (K loads evict_first; the narrow kernel at <= 16 rows)
+    "2wg": ("2wg", None, True),  # the library's 2wg (K loads evict_first; the narrow kernel at <= 32 rows)
     "2wg-wide": ("2wg", MLADecode2WG, False),  # 2wg's 64-row products whatever the row count
-    "2wg-no-hint": ("2wg", _sub(MLADecode2WG, kv_l2_hint=None), True),
-    "2wg-l2-prefetch": ("2wg", _sub(MLADecode2WG, l2_prefetch_ahead=2), True),  # K tiles into L2 two ahead
-    "2wg-no-short": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=0), True),  # short chunks not prefetched
-    "2wg-l2-short6": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=6), True),  # chunks <= 6 tiles into L2
-    "2wg-l2-short16": ("2wg", _sub(MLADecode2WG, l2_prefetch_chunk_tiles=16), True),
-    "2wg-evict-first": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_first"), True),
-    "2wg-no-pdl": ("2wg", _sub(MLADecode2WG, dependent_launch=False), True),  # plain launch of the decode
-    "2wg-evict-last": ("2wg", _sub(MLADecode2WG, kv_l2_hint="evict_last"), True),
-    "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 16 rows)
+    "2wg-no-hint": ("2wg", dict(kv_l2_hint=None), True),
+    "2wg-l2-prefetch": ("2wg", dict(l2_prefetch_ahead=2), True),  # K tiles into L2 two ahead (64-row kernel)
+    "2wg-no-short": ("2wg", dict(l2_prefetch_chunk_tiles=0), True),  # short chunks not prefetched
+    "2wg-l2-short6": ("2wg", dict(l2_prefetch_chunk_tiles=6), True),  # chunks <= 6 tiles into L2
+    "2wg-l2-short16": ("2wg", dict(l2_prefetch_chunk_tiles=16), True),
+    "2wg-evict-first": ("2wg", dict(kv_l2_hint="evict_first"), True),
+    "2wg-no-pdl": ("2wg", dict(dependent_launch=False), True),  # plain launch of the decode
+    "2wg-evict-last": ("2wg", dict(kv_l2_hint="evict_last"), True),
+    "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
     "seesaw": ("seesaw", None, False),
-    "seesaw-evict-first": ("seesaw", _sub(MLADecodeSeesaw, kv_l2_hint="evict_first"), False),
+    "seesaw-evict-first": ("seesaw", dict(kv_l2_hint="evict_first"), False),
 }
 
 
@@ -61,7 +62,7 @@ def mode_entries(dec, modes, compiled: dict) -> dict:
     planned for, each mode's variant and kernel class (``MODES``); ``compiled`` caches them across calls."""
     import dataclasses
 
-    from pipelines.launch import DecodeConfig, compile_entry, partial_from_env
+    from pipelines.launch import DecodeConfig, _kernel_class, compile_entry, partial_from_env
 
     shape = dec._planned
     base = DecodeConfig.make("2wg", shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal, 1,
@@ -70,6 +71,8 @@ def mode_entries(dec, modes, compiled: dict) -> dict:
     for mode in modes:
         variant, cls, _ = MODES[mode]
         key = (dataclasses.replace(base, variant=variant), mode)
+        if isinstance(cls, dict):
+            cls = _sub(_kernel_class(variant, key[0]), **cls)
         if key not in compiled:
             compiled[key] = compile_entry(key[0], kernel_class=cls)
         entries[mode] = compiled[key]

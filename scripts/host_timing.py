@@ -126,14 +126,15 @@ def _print_row(name, wall, host):
 
 def _no_pdl_launch(h_q):
     """The 2wg decode entry of b s_q1 h_q page 64 compiled with ``dependent_launch = False`` (a plain
-    launch of the decode kernel), for the A/B beside the library's entry."""
+    launch of the decode kernel), for the A/B beside the library's entry: a subclass of the kernel the
+    library runs for this configuration (``launch._kernel_class``: 2wg's narrow kernel at <= 32 rows)."""
     from pipelines import paged_kv
-    from pipelines.launch import DecodeConfig, compile_entry, partial_from_env
-    from pipelines.variant_2wg import MLADecode2WG
+    from pipelines.launch import DecodeConfig, _kernel_class, compile_entry, partial_from_env
 
     conf = DecodeConfig.make("2wg", "bfloat16", h_q, 1, 64, False, 1, paged_kv.multicast_enabled(),
                              partial_from_env())
-    return compile_entry(conf, kernel_class=type("MLADecode2WG_no_pdl", (MLADecode2WG,), {"dependent_launch": False}))
+    base = _kernel_class("2wg", conf)
+    return compile_entry(conf, kernel_class=type(f"{base.__name__}_no_pdl", (base,), {"dependent_launch": False}))
 
 
 def _graph_time(torch, dec, q, k, bt, sl, out):

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Device check of the narrow 2wg kernel (pipelines/variant_2wg_narrow.py: both products transposed; the
-# "2wg" pipeline's kernel at <= 16 query rows per kv head), in calls of under 10 minutes:
+# "2wg" pipeline's kernel at <= 32 query rows per kv head), in calls of under 10 minutes:
 #   run(command="source .device/env.sh && bash scripts/narrow_check.sh MODE", carry=[".device"])
 # tests:  every GPU test (scripts/gpu_tests_sharded.py), then 2wg (narrow) against 2wg-wide and 3wg at page 1.
 # ab:     2wg (narrow) against 2wg-wide and 3wg on the h16 rows at page 64.

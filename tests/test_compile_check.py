@@ -265,3 +265,5 @@ def test_narrow_kernel_transposes_both_products():
     assert MLADecode2WGNarrow(cutlass_bf16(), 64, 1, 64, False, 2).rows == NARROW  # 32 rows per kv head
     with pytest.raises(ValueError, match="split-cluster"):
         MLADecode2WGNarrow(cutlass_bf16(), 16, 1, 64, False, 1, True, 4)
+    with pytest.raises(ValueError, match="l2_prefetch_ahead"):  # the 64-row kernel's per-tile prefetch only
+        type("Prefetching", (MLADecode2WGNarrow,), {"l2_prefetch_ahead": 2})(cutlass_bf16(), 16, 1, 64, False)

@@ -1,7 +1,7 @@
 """GPU tests of the narrow 2wg kernel (``pipelines.variant_2wg_narrow``: both products transposed), which the
 ``"2wg"`` pipeline runs at <= 32 query rows per kv head (``test_kernel_gpu.py`` reaches it through the API on
 its h16 cases; these are the shapes that exercise its column layout): its decode entry, launched on the API's plan, against the fp32 reference, for every shape it
-serves (at most 16 query rows per kv head). Same poisoned inputs as the registered variants' tests (NaN in
+serves (at most 32 query rows per kv head). Same poisoned inputs as the registered variants' tests (NaN in
 every unused cache slot, random page order, NaN-filled out and lse). The tests run after every other
 test (conftest), since their hang guard ends the process."""
 from __future__ import annotations
