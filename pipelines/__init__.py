@@ -9,6 +9,8 @@ VARIANTS = ("2wg", "3wg", "seesaw")
 
 # Variants whose kernel exists. Every kernel loads K through the skeleton's paged-KV loaders, so each
 # serves every page size of ``pipelines.paged_kv.PAGE_SIZES`` (the one place they are stated).
+# 2wg has two kernels: pipelines/variant_2wg.py, and at <= 32 query rows per kv head (without a split
+# cluster) pipelines/variant_2wg_narrow.py, both products transposed (``pipelines.launch`` picks).
 # 3wg (pipelines/variant_3wg.py): WG1 used to choose its per-tile wgmma order from a per-thread
 # mbarrier.test_wait, so its warps could issue different wgmma in chunks of 2+ tiles ("illegal
 # instruction" on an H200); the choice is now OR-reduced over the warpgroup. After that fix it passed
