@@ -1,5 +1,8 @@
 """Pure-Python model of the 2wg kernels' synchronisation protocol (no GPU, no DSL): the committed 2wg
-(``pipelines/variant_2wg.py``, two 64-token stages) and the overlap schedule (four 32-token stages,
+(``pipelines/variant_2wg.py``, two 64-token stages), its narrow kernel (``pipelines/variant_2wg_narrow.py``:
+WG0 scores and releases its read of the K stage after its wgmma, WG1 does all of P.V and zeroes the V rows
+of a tail tile itself, the column statistics through ``WG0_BAR``, the epilogue through a scratch behind
+``WG1_BAR``) and the overlap schedule (four 32-token stages,
 QK(t) and P.V(t-1) issued together, optionally WG1's P.V deferred behind them: ``defer_pv_r``). The
 overlap kernel was correct on an H100 but 1.26-1.41x slower than 2wg on the compute-bound rows and was
 removed (docs/perf-notes.md, thirteenth session; its code is in git history at 1611a37); its forms stay
@@ -40,11 +43,14 @@ FORMS = {
     "2wg": (64, 2, "eager", False),
     "overlap": (32, 4, "overlap", False),
     "overlap-defer": (32, 4, "overlap", True),
+    "narrow": (64, 2, "narrow", False),
     # Broken on purpose (the model must catch them): WG1 deferred behind an eager WG0 that never
     # arrives on QK_ISSUED; an overlap WG0 that writes P(t) before the P.V of t-1 (reading P(t-1)
     # from the same registers) has retired.
     "broken:defer-on-eager": (64, 2, "eager", True),
     "broken:early-hand-off": (32, 4, "overlap-early", False),
+    # A narrow WG1 that zeroes a tail tile's V rows before P_FULL, while WG0's S^T may still read the stage.
+    "broken:narrow-early-zero": (64, 2, "narrow-early-zero", False),
 }
 
 
@@ -114,6 +120,9 @@ class Sim2WG(base.Sim):
         def pv(r, blk, stage):
             self.wgmma(actor, 0, "PV", [(rp, ("P", r, blk)), (("sK", stage), ("K", r, blk))])
 
+        if self.wg0_form.startswith("narrow"):
+            yield from self.wg0_narrow(actor)
+            return
         for r, start, stop, seqlen in self.chunks:
             yield ("mwait", self.q_full, q_phase)
             if self.wg0_form == "eager":
@@ -173,6 +182,37 @@ class Sim2WG(base.Sim):
             yield ("step",)  # store_chunk
         yield from self.nb(actor, P_EMPTY, 256, ("exit",), True)
 
+    def wg0_narrow(self, actor):
+        """WG0 of the narrow kernel: S^T, its K stage released at once, the column max across the 4 warps
+        (``WG0_BAR``), P^T and the factors after P_EMPTY, P_FULL; at a chunk's end the column sums
+        (``WG0_BAR``), then 1/sum after P_EMPTY, P_FULL."""
+        rd, rd_phase = 0, 0
+        q_phase = 0
+        for r, start, stop, seqlen in self.chunks:
+            yield ("mwait", self.q_full, q_phase)
+            for blk in range(start, stop):
+                yield ("mwait", self.k_full[rd], rd_phase)
+                self.wgmma(actor, 0, "ST", [("sQ", ("Q", r)), (("sK", rd), ("K", r, blk))])
+                yield ("step",)
+                self.wait_group(actor, 0)
+                self.k_empty[rd].arrive(("K", r, blk))
+                rd, rd_phase = self._next(rd, rd_phase)
+                yield from self.nb(actor, WG0_BAR, 128, ("colmax", r, blk), True)
+                yield ("step",)  # settle_max, P to 16 bits
+                yield from self.nb(actor, P_EMPTY, 256, ("hand", r, blk), True)
+                self.write(actor, "sP", ("P", r, blk))
+                self.write(actor, "scale", ("P", r, blk))
+                yield ("step",)
+                yield from self.nb(actor, P_FULL, 256, ("hand", r, blk), False)
+            self.q_empty.arrive(("Q", r))
+            q_phase ^= 1
+            yield from self.nb(actor, WG0_BAR, 128, ("colsum", r), True)
+            yield ("step",)  # lse to global memory
+            yield from self.nb(actor, P_EMPTY, 256, ("inv", r), True)
+            self.write(actor, "inv", ("inv", r))
+            yield from self.nb(actor, P_FULL, 256, ("inv", r), False)
+        yield from self.nb(actor, P_EMPTY, 256, ("exit",), True)
+
     # ------------------------------------------------------------------------------------- WG1
     def wg1_warp(self, w):
         actor = f"WG1.w{w}"
@@ -196,11 +236,18 @@ class Sim2WG(base.Sim):
 
         yield from self.nb(actor, P_EMPTY, 256, ("pre",), False)
         prefetched = False
+        narrow = self.wg0_form.startswith("narrow")
         for i, (r, start, stop, seqlen) in enumerate(self.chunks):
             if not prefetched and producer:
                 yield from load_head(r, start, stop)
             prefetched = False
             for blk in range(start, stop):
+                if narrow:
+                    yield from self.wg1_narrow_tile(actor, r, blk, k_index, k_phase)
+                    k_index, k_phase = self._next(k_index, k_phase)
+                    if producer and blk + self.stages < stop:
+                        yield from load_tile(r, blk + self.stages)
+                    continue
                 yield from self.nb(actor, P_FULL, 256, ("hand", r, blk), True)
                 self.read(actor, "scale", ("P", r, blk))
                 yield ("mwait", self.k_full[k_index], k_phase)
@@ -223,8 +270,33 @@ class Sim2WG(base.Sim):
                 if producer:
                     yield from load_head(*self.chunks[i + 1][:3])
                 prefetched = True
+            if narrow:  # store_transposed: the scratch between two WG1 barriers
+                yield from self.nb(actor, WG1_BAR, 128, ("scratch", r), True)
+                yield ("step",)
+                yield from self.nb(actor, WG1_BAR, 128, ("scratch loads", r), True)
             yield ("step",)  # store_chunk
 
+    def wg1_narrow_tile(self, actor, r, blk, k_index, k_phase):
+        """WG1 of the narrow kernel, one tile: P_FULL, the factors, the stage's full wait, a tail tile's V
+        rows zeroed by WG1 alone (a write of the stage: WG0's S^T of it must have retired), O^T (P from
+        shared memory, V from the stage), P_EMPTY, the stage released."""
+        early_zero = self.wg0_form == "narrow-early-zero"
+        tail = self.seqlen[r] - blk * self.tile < self.tile
+        if early_zero and tail:
+            yield ("mwait", self.k_full[k_index], k_phase)
+            self.write(actor, ("sK", k_index), ("K", r, blk))
+            yield from self.nb(actor, WG1_BAR, 128, ("zero", r, blk), True)
+        yield from self.nb(actor, P_FULL, 256, ("hand", r, blk), True)
+        self.read(actor, "scale", ("P", r, blk))
+        yield ("mwait", self.k_full[k_index], k_phase)
+        if tail and not early_zero:
+            self.write(actor, ("sK", k_index), ("K", r, blk))  # the zeroed rows: still this tile
+            yield from self.nb(actor, WG1_BAR, 128, ("zero", r, blk), True)
+        self.wgmma(actor, 1, "OT", [("sP", ("P", r, blk)), (("sK", k_index), ("K", r, blk))])
+        yield ("step",)
+        self.wait_group(actor, 0)
+        yield from self.nb(actor, P_EMPTY, 256, ("hand", r, blk), False)
+        self.k_empty[k_index].arrive(("K", r, blk))
 
 
 def chunk_list(spec, tile: int):

@@ -1,9 +1,10 @@
 """scripts/model_2wg_protocol.py: the pure-Python model of the 2wg kernels' barrier protocol (the
-committed 2wg and the overlap schedule, with and without WG1's deferred P.V).
+committed 2wg, its narrow kernel, and the overlap schedule, with and without WG1's deferred P.V).
 
-Every real form must pass every scenario under random schedules; two forms broken on purpose (a
+Every real form must pass every scenario under random schedules; three forms broken on purpose (a
 deferred WG1 behind a WG0 that never signals it; an overlap WG0 writing P before the previous P.V
-retired) must be caught, so the model keeps its teeth.
+retired; a narrow WG1 zeroing a tail tile's V rows before WG0's S^T of the stage is known to be done)
+must be caught, so the model keeps its teeth.
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ def model():
     return module
 
 
-@pytest.mark.parametrize("form", ["2wg", "overlap", "overlap-defer"])
+@pytest.mark.parametrize("form", ["2wg", "narrow", "overlap", "overlap-defer"])
 def test_protocol_holds(model, form):
     for scenario, errors in model.run_form(form, runs=40).items():
         assert not errors, (scenario, errors)
@@ -40,3 +41,13 @@ def test_p_written_before_the_previous_pv_retired_is_caught(model):
     result = model.run_form("broken:early-hand-off", runs=40)
     assert all(errors for errors in result.values()), result
     assert all(any("overwrites ('rP'" in msg for _, msg in errors.values()) for errors in result.values()), result
+
+
+def test_narrow_zeroing_before_p_full_is_caught(model):
+    result = model.run_form("broken:narrow-early-zero", runs=40)
+    # Every scenario with a tail tile; the one of whole tiles only never zeroes.
+    for name, errors in result.items():
+        if name.startswith("9 "):
+            assert not errors, (name, errors)
+        else:
+            assert errors and all("overwrites ('sK'" in msg for _, msg in errors.values()), (name, errors)
