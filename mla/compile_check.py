@@ -139,6 +139,8 @@ def loader_promises(page_size: int, h_q: int, s_q: int, multicast: bool,
 
 
 def targets(variants: list[str]) -> list[Target]:
+    from pipelines import paged_kv, variant_2wg_narrow
+
     out = []
     for v in variants:
         p = PROMISES[v]
@@ -148,7 +150,6 @@ def targets(variants: list[str]) -> list[Target]:
             need, forbid = loader_promises(page, h_q, s_q, multicast, split_cluster)
             if split_cluster == 1:  # O into out through skeleton.store_rows_16 (a split cluster's ranks
                 need += ("STG_128",)  # store from the DSMEM exchange instead)
-            from pipelines import paged_kv, variant_2wg_narrow
             if v == "2wg" and variant_2wg_narrow.serves(h_q * s_q, split_cluster):
                 # At most 32 rows: the narrow kernel, both products transposed (no padding rows).
                 need += ("HGMMA_NARROW",)

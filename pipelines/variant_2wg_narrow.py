@@ -194,8 +194,9 @@ class MLADecode2WGNarrow(MLADecode2WG):
         tTcT = layouts.acc_mn_view(thr_st.partition_C(cute.make_identity_tensor((BLOCK_N, self.width))))
         n_tok = cute.size(tTcT, mode=[0])
         n_col = cute.size(tTcT, mode=[1])
-        # Column maxima per warp, two tiles' worth (alternating), so a tile's maxima never overwrite the
-        # previous tile's before every warp has read them; the chunk's column sums per warp.
+        # Column maxima per warp, two tiles' slots alternating; the chunk's column sums per warp. (One slot
+        # would do: every WG0 thread reads a tile's maxima before its P_EMPTY sync, and writes the next
+        # tile's after it. The two slots are the form that ran on the GPU.)
         s_col_max = storage.col_max_x.get_tensor(cute.make_layout((self.width, WARPS, 2)))
         s_col_sum = storage.col_sum_x.get_tensor(cute.make_layout((self.width, WARPS)))
         warp = wg_tidx // 32

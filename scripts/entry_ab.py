@@ -71,9 +71,9 @@ def mode_entries(dec, modes, compiled: dict) -> dict:
     for mode in modes:
         variant, cls, _ = MODES[mode]
         key = (dataclasses.replace(base, variant=variant), mode)
-        if isinstance(cls, dict):
-            cls = _sub(_kernel_class(variant, key[0]), **cls)
         if key not in compiled:
+            if isinstance(cls, dict):
+                cls = _sub(_kernel_class(variant, key[0]), **cls)
             compiled[key] = compile_entry(key[0], kernel_class=cls)
         entries[mode] = compiled[key]
     return entries
