@@ -24,7 +24,9 @@ which one ran:
   128 producers), so the stage completes when every copy has landed.
 
 Rows past a request's end: neither loader reads outside the request's own pages (the TMA loader
-clamps a box past the end to the last valid page; the gather loader skips those rows). What such
+loads a box past the end from a page the request owns: the last valid one, or at a chunk's head, where
+the page ids are read before the length, the page of the tile's first token; the gather loader skips
+those rows). What such
 rows hold in smem is stale or whatever the last page holds past the end (NaN in the tests); the
 consumers mask their scores and zero their V rows (``MLADecodeBase.zero_v_rows``), so nothing of it
 reaches P.V.
@@ -248,6 +250,18 @@ class TmaPagedKV(PagedKVLoader):
         return self.warp_per_box
 
     @cute.jit
+    def box_token(self, blk: Int32, producer_tidx: Int32) -> Int32:
+        """First token of the box producer warp ``producer_tidx // 32`` issues of tile ``blk`` (on the
+        one-box path, warp 0: the CTA's one box)."""
+        warp = Int32(0)
+        if const_expr(self.warp_per_box):
+            warp = cute.arch.make_warp_uniform(producer_tidx // 32)
+        rank = Int32(0)
+        if const_expr(self.cluster > 1):
+            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+        return blk * TILE_TOKENS + (rank * self.boxes_per_cta + warp) * self.box_rows
+
+    @cute.jit
     def page_id(self, mBlockTable: cute.Tensor, r: Int32, blk: Int32, seqlen: Int32, producer_tidx: Int32):
         """block_table entry of the box producer warp ``producer_tidx // 32`` issues for tile ``blk``
         of request ``r`` (warp-per-box path; on the one-box path, where warp 0 issues the CTA's one box,
@@ -255,12 +269,43 @@ class TmaPagedKV(PagedKVLoader):
         callers may ask before knowing it is needed) gets the last valid page, never an entry the
         request does not own; such rows are masked and zeroed downstream."""
         P = self.page_size
-        warp = cute.arch.make_warp_uniform(producer_tidx // 32)
-        rank = Int32(0)
-        if const_expr(self.cluster > 1):
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        token = blk * TILE_TOKENS + (rank * self.boxes_per_cta + warp) * self.box_rows
-        return mBlockTable[r, cutlass.min(token // P, (seqlen - 1) // P)]
+        return mBlockTable[r, cutlass.min(self.box_token(blk, producer_tidx) // P, (seqlen - 1) // P)]
+
+    @cute.jit
+    def head_page_ids(self, mBlockTable: cute.Tensor, r: Int32, blk: Int32, producer_tidx: Int32):
+        """``(own, first)``: block_table entries of this warp's box of tile ``blk`` and of the tile's first
+        token, read without the request's length (``pick_head_page`` chooses once it is known).
+
+        A chunk's first tiles are loaded right after the plan row is read; ``page_id`` would first wait
+        for ``cache_seqlens[r]`` (its clamp), a dependent global load between the plan and the TMA.
+        These addresses need only the plan: both loads go out beside the length's. An index past
+        block_table's width is not read (0 instead; the tile is then past the request and not loaded).
+        Where a page holds the whole tile (``page_size >= 64``) both are the same entry, read once."""
+        P = self.page_size
+        width = cute.size(mBlockTable, mode=[1])
+        idx = self.box_token(blk, producer_tidx) // P
+        own = Int32(0)
+        if idx < width:
+            own = mBlockTable[r, idx]
+        first = own
+        if const_expr(P < TILE_TOKENS):
+            idx0 = blk * TILE_TOKENS // P
+            first = Int32(0)
+            if idx0 < width:
+                first = mBlockTable[r, idx0]
+        return own, first
+
+    @cute.jit
+    def pick_head_page(self, own: Int32, first: Int32, blk: Int32, seqlen: Int32, producer_tidx: Int32) -> Int32:
+        """The page to load this warp's box of tile ``blk`` (which has at least one token) from, given
+        ``head_page_ids``: its own entry, or, for a box wholly past the request's end, the page of the
+        tile's first token (a page the request owns; ``page_id`` gives the request's last page there:
+        either way the box's rows are masked and zeroed downstream)."""
+        page = own
+        if const_expr(self.page_size < TILE_TOKENS):
+            if self.box_token(blk, producer_tidx) >= seqlen:
+                page = first
+        return page
 
     @cute.jit
     def tma_views(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor):
@@ -290,9 +335,10 @@ class TmaPagedKV(PagedKVLoader):
                   pipe, state, r: Int32, blk: Int32, seqlen: Int32, kv_head: Int32, producer_tidx: Int32,
                   page=None, cols=None):
         """Acquire the stage, then issue this CTA's boxes of tile ``blk`` of request ``r`` (warp-per-box
-        path: this warp's box; ``page``, if given, is its ``page_id`` read earlier; the one-box path
-        reads its page ids itself and takes none). ``cols`` (loader built ``by_columns``): the tile's
-        64-column blocks to load, one TMA copy each."""
+        path: this warp's box; one-box path: the CTA's one box). ``page``, if given, is the box's page
+        id read earlier (``page_id``, or ``pick_head_page`` for a chunk's first tiles); else it is read
+        here. ``cols`` (loader built ``by_columns``): the tile's 64-column blocks to load, one TMA copy
+        each."""
         P = self.page_size
         tKsK, tKgK = self.tma_views(tma_k, mK, sK)
         rank = Int32(0)
@@ -303,9 +349,8 @@ class TmaPagedKV(PagedKVLoader):
             self._load_box_of_warp(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, rank,
                                    producer_tidx, page, cols)
         else:
-            assert page is None, "a caller's page id is for the warp-per-box path only"
             self._load_boxes(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
-                             rank, cols)
+                             rank, cols, page)
 
     @cute.jit
     def prefetch_tile(self, tma_k: cute.CopyAtom, mK: cute.Tensor, sK: cute.Tensor, blk: Int32, kv_head: Int32,
@@ -316,14 +361,7 @@ class TmaPagedKV(PagedKVLoader):
         the warps that issue the tile's loads (one box per warp on every TMA path, see ``_load_boxes``)."""
         P = self.page_size
         tKsK, tKgK = self.tma_views(tma_k, mK, sK)
-        rank = Int32(0)
-        if const_expr(self.cluster > 1):
-            rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-        warp = Int32(0)
-        if const_expr(self.warp_per_box):
-            warp = cute.arch.make_warp_uniform(producer_tidx // 32)
-        token = blk * TILE_TOKENS + (rank * self.boxes_per_cta + warp) * self.box_rows
-        in_page = (token % P) // self.box_rows
+        in_page = (self.box_token(blk, producer_tidx) % P) // self.box_rows
         if const_expr(self.by_columns):
             for c in cutlass.range_constexpr(self.head_dim // COL_BLOCK):
                 cute.prefetch(tma_k, tKgK[None, in_page, c, kv_head, page])
@@ -385,14 +423,20 @@ class TmaPagedKV(PagedKVLoader):
 
     @cute.jit
     def _load_boxes(self, tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
-                    rank, cols):
+                    rank, cols, page=None):
         """One warp issues this CTA's boxes of the tile: since warp_per_box, always exactly one box
-        (pages 64 and 128, and page 32 in a 2-CTA cluster), the code as it was for those pages."""
+        (pages 64 and 128, and page 32 in a 2-CTA cluster), the code as it was for those pages.
+        ``page``: that box's page id, read by the caller (``pick_head_page``)."""
         P = self.page_size
         box = self.box_rows
-        # Page ids first: the block_table loads of all boxes go out together, before the wait for the
-        # stage, instead of one dependent load ahead of each box's TMA.
-        pages = self.box_pages(mBlockTable, r, blk, last_page, rank)
+        if const_expr(page is None):
+            # Page ids first: the block_table loads of all boxes go out together, before the wait for
+            # the stage, instead of one dependent load ahead of each box's TMA.
+            pages = self.box_pages(mBlockTable, r, blk, last_page, rank)
+        else:
+            assert self.boxes_per_cta == 1, "a caller's page id is one box's"
+            pages = cute.make_rmem_tensor(1, Int32)
+            pages[0] = page
         pipe.producer_acquire(state)
         bar = pipe.producer_get_barrier(state)
         for b in cutlass.range_constexpr(self.boxes_per_cta):

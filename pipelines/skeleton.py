@@ -378,6 +378,18 @@ class MLADecodeBase:
         return meta[0], meta[1], meta[2], meta[3], meta[4]
 
     @cute.jit
+    def chunk_start(self, r: Int32, begin_req: Int32, begin_block: Int32) -> Int32:
+        """This CTA's first KV tile of request ``r`` (``chunk_bounds``' ``start``), from the plan row
+        alone: no global load, so a producer can address the chunk's first tiles before the request's
+        length arrives."""
+        start = Int32(0)
+        if r == begin_req:
+            start = begin_block
+        if const_expr(self.split_cluster > 1):
+            start = start * self.split_cluster + self.cluster_rank()
+        return start
+
+    @cute.jit
     def chunk_bounds(self, r: Int32, begin_req: Int32, begin_block: Int32, end_req: Int32, end_block: Int32,
                      begin_split: Int32, mSeqlens: cute.Tensor, mNumSplits: cute.Tensor):
         """KV tile range [start, stop) of request r inside this part, and where its output goes.
@@ -388,18 +400,16 @@ class MLADecodeBase:
         """
         seqlen = mSeqlens[r]
         n_blocks = (seqlen + BLOCK_N - 1) // BLOCK_N
-        start = Int32(0)
+        start = self.chunk_start(r, begin_req, begin_block)
         stop = n_blocks
         split_no = Int32(0)
         if r == begin_req:
-            start = begin_block
             split_no = begin_split
         if r == end_req:
             stop = end_block
         if const_expr(self.split_cluster > 1):
             if r == end_req:
                 stop = cutlass.min(stop * self.split_cluster, n_blocks)
-            start = start * self.split_cluster + self.cluster_rank()
         split_base = mNumSplits[r]
         is_split = (mNumSplits[r + 1] - split_base) > 1
         return seqlen, n_blocks, start, stop, is_split, split_base + split_no

@@ -67,6 +67,10 @@ class MLADecode2WG(MLADecodeBase):
     # 4096, 0.98-0.99 at b32 1024 keys and b1 s2 h128 4096, 0.98-1.003 on the 13 other configs measured.
     # 0: off. A class constant (the kernel cache keys on the sources).
     l2_prefetch_chunk_tiles = 8
+    # A chunk's first loads: Q's TMA and the first tiles' page ids on the plan row alone, before the
+    # request's length is back (``load_chunk_head``). A class constant like prefetch_next_chunk (an A/B
+    # sets it False: the length first, as before).
+    head_pages_early = True
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -222,13 +226,14 @@ class MLADecode2WG(MLADecodeBase):
         # 1 when this chunk's Q and first K tiles were issued at the end of the previous chunk.
         prefetched = Int32(0)
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
-            seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
-                r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
             if prefetched == 0:
                 q_prod, k_prod = self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod,
                                                       tma_k, mK, sK, mBlockTable, pipe_k, k_prod, m_block, kv_head,
-                                                      r, start, stop, seqlen, wg_tidx)
+                                                      r, begin_req, begin_block, end_req, end_block, begin_split,
+                                                      mSeqlens, mNumSplits, wg_tidx)
             prefetched = Int32(0)
+            seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
+                r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
             acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((BLOCK_M, HALF)), Float32)
             acc_o.fill(0.0)
             acc_o_mn = layouts.acc_mn_view(acc_o)
@@ -283,10 +288,10 @@ class MLADecode2WG(MLADecodeBase):
                 # stage is free once the chunk's last P.V has released it. (Not with a split cluster:
                 # its epilogue uses the K stages as scratch.)
                 if r < end_req:
-                    q_prod, k_prod = self.load_next_chunk_head(
+                    q_prod, k_prod = self.load_chunk_head(
                         is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK, mBlockTable, pipe_k,
-                        k_prod, m_block, kv_head, r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens,
-                        mNumSplits, wg_tidx)
+                        k_prod, m_block, kv_head, r + 1, begin_req, begin_block, end_req, end_block, begin_split,
+                        mSeqlens, mNumSplits, wg_tidx)
                     prefetched = Int32(1)
             self.store_chunk(acc_o, mma_pv_ss, wg_tidx, wg_tidx + 128, row_inv, row_inv, False, HALF, m_block,
                              kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
@@ -296,52 +301,77 @@ class MLADecode2WG(MLADecodeBase):
 
     @cute.jit
     def load_chunk_head(self, is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK,
-                        mBlockTable, pipe_k, k_prod, m_block, kv_head, r, start, stop, seqlen, wg_tidx):
-        """Q of request ``r`` and its chunk's first ``kv_stages`` K tiles (producer warps of WG1)."""
+                        mBlockTable, pipe_k, k_prod, m_block, kv_head, r, begin_req, begin_block, end_req, end_block,
+                        begin_split, mSeqlens, mNumSplits, wg_tidx):
+        """Q of request ``r`` and its chunk's first ``kv_stages`` K tiles (producer warps of WG1); the
+        chunk's bounds are read here (``load_head_tiles``). Q's TMA goes first: it needs only the plan
+        row. Called before the caller's own ``chunk_bounds`` of the chunk, so nothing waits for the
+        request's length before it."""
         if is_q_producer:
             self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
             q_prod.advance()
         if is_k_producer:
+            k_prod = self.load_head_tiles(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, kv_head, r, begin_req,
+                                          begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits, wg_tidx)
+        return q_prod, k_prod
+
+    @cute.jit
+    def load_head_tiles(self, tma_k, mK, sK, mBlockTable, pipe_k, k_prod, kv_head, r, begin_req, begin_block,
+                        end_req, end_block, begin_split, mSeqlens, mNumSplits, wg_tidx):
+        """A K producer warp's loads of the first ``kv_stages`` tiles of request ``r``'s chunk, and the
+        L2 prefetches of a short chunk's other tiles.
+
+        With ``head_pages_early`` (TMA pages) the block_table loads of the first tiles
+        (``head_page_ids``) need only the plan row, so they go out beside the loads of the request's
+        length, and the tiles' TMA follows once both are back. Without it the length comes first (the
+        page clamp and the chunk's end need it), then each tile's page id, then its TMA: two dependent
+        global loads between the plan row and a chunk's first data instead of one."""
+        early = self.head_pages_early and paged_kv.uses_tma(self.page_size)
+        if const_expr(early):
+            head = self.chunk_start(r, begin_req, begin_block)
+            own = cute.make_rmem_tensor(self.kv_stages, Int32)
+            first = cute.make_rmem_tensor(self.kv_stages, Int32)
+            for s in cutlass.range_constexpr(self.kv_stages):
+                own[s], first[s] = self.loader.head_page_ids(mBlockTable, r, head + s * self.split_cluster, wg_tidx)
+        seqlen, _, start, stop, _, _ = self.chunk_bounds(r, begin_req, begin_block, end_req, end_block, begin_split,
+                                                         mSeqlens, mNumSplits)
+        if const_expr(early):
+            for s in cutlass.range_constexpr(self.kv_stages):
+                blk = start + s * self.split_cluster
+                if blk < stop:
+                    page = self.loader.pick_head_page(own[s], first[s], blk, seqlen, wg_tidx)
+                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head,
+                                          wg_tidx, page=page)
+                    k_prod.advance()
+        else:
             for blk in cutlass.range(start, cutlass.min(start + self.kv_stages * self.split_cluster, stop),
                                       self.split_cluster, unroll=1):
                 self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx)
                 k_prod.advance()
-            if const_expr(self.prefetches_short_chunks()):
-                # Every tile after the first kv_stages, if the chunk is short and has any: the page ids
-                # first (``page_id`` clamps to the request's last page, so all are safe to read once the
-                # request has a tile past the first kv_stages; a zero-length request has no page, so the
-                # chunk must not be empty), then the prefetches.
-                first = start + self.kv_stages * self.split_cluster
-                if stop > first and stop - start <= self.l2_prefetch_chunk_tiles * self.split_cluster:
-                    n_rest = self.l2_prefetch_chunk_tiles - self.kv_stages
-                    pages = cute.make_rmem_tensor(n_rest, Int32)
-                    for d in cutlass.range_constexpr(n_rest):
-                        pages[d] = self.loader.page_id(mBlockTable, r, first + d * self.split_cluster, seqlen,
-                                                       wg_tidx)
-                    for d in cutlass.range_constexpr(n_rest):
-                        if first + d * self.split_cluster < stop:
-                            self.loader.prefetch_tile(tma_k, mK, sK, first + d * self.split_cluster, kv_head,
-                                                      pages[d], wg_tidx)
-            if const_expr(self.prefetches_l2()):
-                # The tiles after the first kv_stages up to the distance; the tile loop prefetches the rest.
-                for d in cutlass.range_constexpr(self.l2_prefetch_ahead):
-                    ahead = start + (self.kv_stages + d) * self.split_cluster
-                    if ahead < stop:
-                        page = self.loader.page_id(mBlockTable, r, ahead, seqlen, wg_tidx)
-                        self.loader.prefetch_tile(tma_k, mK, sK, ahead, kv_head, page, wg_tidx)
-        return q_prod, k_prod
-
-    @cute.jit
-    def load_next_chunk_head(self, is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK,
-                             mBlockTable, pipe_k, k_prod, m_block, kv_head, r, begin_req, begin_block, end_req,
-                             end_block, begin_split, mSeqlens, mNumSplits, wg_tidx):
-        """``load_chunk_head`` of request ``r + 1`` (its bounds read here): the next chunk's Q and first K
-        tiles, issued before this chunk's epilogue."""
-        n_seqlen, _, n_start, n_stop, _, _ = self.chunk_bounds(
-            r + 1, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-        return self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK,
-                                    mBlockTable, pipe_k, k_prod, m_block, kv_head, r + 1, n_start, n_stop, n_seqlen,
-                                    wg_tidx)
+        if const_expr(self.prefetches_short_chunks()):
+            # Every tile after the first kv_stages, if the chunk is short and has any: the page ids
+            # first (``page_id`` clamps to the request's last page, so all are safe to read once the
+            # request has a tile past the first kv_stages; a zero-length request has no page, so the
+            # chunk must not be empty), then the prefetches.
+            rest0 = start + self.kv_stages * self.split_cluster
+            if stop > rest0 and stop - start <= self.l2_prefetch_chunk_tiles * self.split_cluster:
+                n_rest = self.l2_prefetch_chunk_tiles - self.kv_stages
+                pages = cute.make_rmem_tensor(n_rest, Int32)
+                for d in cutlass.range_constexpr(n_rest):
+                    pages[d] = self.loader.page_id(mBlockTable, r, rest0 + d * self.split_cluster, seqlen,
+                                                   wg_tidx)
+                for d in cutlass.range_constexpr(n_rest):
+                    if rest0 + d * self.split_cluster < stop:
+                        self.loader.prefetch_tile(tma_k, mK, sK, rest0 + d * self.split_cluster, kv_head,
+                                                  pages[d], wg_tidx)
+        if const_expr(self.prefetches_l2()):
+            # The tiles after the first kv_stages up to the distance; the tile loop prefetches the rest.
+            for d in cutlass.range_constexpr(self.l2_prefetch_ahead):
+                ahead = start + (self.kv_stages + d) * self.split_cluster
+                if ahead < stop:
+                    page = self.loader.page_id(mBlockTable, r, ahead, seqlen, wg_tidx)
+                    self.loader.prefetch_tile(tma_k, mK, sK, ahead, kv_head, page, wg_tidx)
+        return k_prod
 
     @cute.jit
     def next_page_early(self, is_k_producer, mBlockTable, r, blk, seqlen, wg_tidx) -> Int32:

@@ -319,13 +319,14 @@ class MLADecode2WGNarrow(MLADecode2WG):
         cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)  # P starts free
         prefetched = Int32(0)
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
-            seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
-                r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
             if prefetched == 0:
                 q_prod, k_prod = self.load_chunk_head(is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod,
                                                       tma_k, mK, sK, mBlockTable, pipe_k, k_prod, m_block, kv_head,
-                                                      r, start, stop, seqlen, wg_tidx)
+                                                      r, begin_req, begin_block, end_req, end_block, begin_split,
+                                                      mSeqlens, mNumSplits, wg_tidx)
             prefetched = Int32(0)
+            seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
+                r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
             acc_ot = cute.make_rmem_tensor(thr_ot.partition_shape_C((HEAD_DIM_V, self.width)), Float32)
             acc_ot.fill(0.0)
             acc_mn = layouts.acc_mn_view(acc_ot)
@@ -366,10 +367,10 @@ class MLADecode2WGNarrow(MLADecode2WG):
                 # The next chunk's Q and first K tiles before this chunk's epilogue (2wg's reasoning:
                 # Q was released by WG0 before it published 1/sum, every K stage by the last P.V).
                 if r < end_req:
-                    q_prod, k_prod = self.load_next_chunk_head(
+                    q_prod, k_prod = self.load_chunk_head(
                         is_q_producer, is_k_producer, tma_q, mQ, sQ, pipe_q, q_prod, tma_k, mK, sK, mBlockTable, pipe_k,
-                        k_prod, m_block, kv_head, r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens,
-                        mNumSplits, wg_tidx)
+                        k_prod, m_block, kv_head, r + 1, begin_req, begin_block, end_req, end_block, begin_split,
+                        mSeqlens, mNumSplits, wg_tidx)
                     prefetched = Int32(1)
             if is_split:
                 self.store_transposed(acc_mn, tOcO, col_inv, wg_tidx, kv_head, split_idx, mOaccum, storage)

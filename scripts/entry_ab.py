@@ -49,6 +49,7 @@ MODES = {
     "2wg-l2-short16": ("2wg", dict(l2_prefetch_chunk_tiles=16), True),
     "2wg-evict-first": ("2wg", dict(kv_l2_hint="evict_first"), True),
     "2wg-no-pdl": ("2wg", dict(dependent_launch=False), True),  # plain launch of the decode
+    "2wg-head-late": ("2wg", dict(head_pages_early=False), True),  # a chunk's first page ids after its length
     "2wg-evict-last": ("2wg", dict(kv_l2_hint="evict_last"), True),
     "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
