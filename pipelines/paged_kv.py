@@ -171,10 +171,10 @@ class TmaPagedKV(PagedKVLoader):
       -(2^20 - 1)), and the phase cannot complete while an arrival is missing, so it completes
       exactly when every warp has arrived and every byte has landed -- the same reasoning the
       multicast cluster already relies on for the peer's boxes.
-    - Page ids read early: the caller may pass this warp's page id of the tile (``page_id``, one
-      block_table load per warp, all lanes the same address), loaded before it waits for the P.V
-      that frees the stage (variant_2wg), so the load's latency is off the path from "stage free"
-      to "TMA issued". Without it, ``load_tile`` reads it itself.
+    - Page ids read early (every TMA path): the caller may pass this warp's page id of the tile
+      (``page_id``, one block_table load per warp, all lanes the same address), loaded before it waits
+      for the P.V that frees the stage (variant_2wg), so the load's latency is off the path from
+      "stage free" to "TMA issued". Without it, ``load_tile`` reads it itself.
     """
 
     def __init__(self, dtype, page_size: int, head_dim: int, stages: int, cluster: int = 1,
@@ -245,9 +245,9 @@ class TmaPagedKV(PagedKVLoader):
             tx_count=tx_bytes // self.producer_warps, cta_layout_vmnk=cta_layout, defer_sync=True)
 
     def prefetches_page(self) -> bool:
-        """True when the caller may read this warp's page id early (``page_id``) and hand it to
-        ``load_tile`` (the warp-per-box path); the other paths read their page ids themselves."""
-        return self.warp_per_box
+        """True: the caller may read a producer warp's page id of a tile early (``page_id``) and hand
+        it to ``load_tile`` (every TMA path issues exactly one box per producer warp and tile)."""
+        return True
 
     @cute.jit
     def box_token(self, blk: Int32, producer_tidx: Int32) -> Int32:

@@ -71,6 +71,11 @@ class MLADecode2WG(MLADecodeBase):
     # request's length is back (``load_chunk_head``). A class constant like prefetch_next_chunk (an A/B
     # sets it False: the length first, as before).
     head_pages_early = True
+    # A refill's page id read a tile early (``next_page_early``) on every TMA path; False: only where a
+    # tile is several boxes (pages 16 and 32), the one-box path (pages 64 and 128) reading it after the
+    # stage frees, right before the TMA, as before. A class constant like head_pages_early (an A/B
+    # sets it False).
+    refill_pages_early = True
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -380,16 +385,20 @@ class MLADecode2WG(MLADecodeBase):
         path from a stage's release to its refill. A tile index past the chunk reads the last valid
         page (clamped) and is not used."""
         page = Int32(0)
-        if const_expr(self.loader.prefetches_page()):
+        if const_expr(self.reads_refill_page_early()):
             if is_k_producer:
                 page = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
         return page
+
+    def reads_refill_page_early(self) -> bool:
+        """Whether refills take their page id from ``next_page_early`` (``refill_pages_early``)."""
+        return self.loader.prefetches_page() and (self.refill_pages_early or self.loader.warp_per_box)
 
     @cute.jit
     def refill(self, tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx, page):
         """A K producer warp's load of tile ``blk`` into the stage ``k_prod`` points at (acquired inside),
         with ``page`` from ``next_page_early`` where the loader takes it."""
-        if const_expr(self.loader.prefetches_page()):
+        if const_expr(self.reads_refill_page_early()):
             self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx,
                                   page=page)
         else:
