@@ -61,6 +61,14 @@ class MLADecodeBase:
     # measured in docs/perf-notes.md). A variant opts in by setting it and arriving in its roles. A
     # class constant like lazy_rescale (the A/B sets it False).
     early_cluster_arrive = False
+    # Clusters: each thread arrives on the start's cluster barrier right after the barrier inits, and
+    # waits on it in its roles (``cluster_start_wait``) once the plan row's loads are out, instead of
+    # before them: the plan's global round trip overlaps the peers' start (their launch skew and their
+    # own inits). The wait still precedes every operation on a peer (a multicast box, a remote
+    # release, a write to a peer's shared memory). A variant opts in by setting it and calling
+    # ``cluster_start_wait`` in its roles; a class constant like early_cluster_arrive (an A/B sets it
+    # False).
+    late_cluster_start_wait = False
     # L2 eviction priority of the K tile loads (TMA pages; ``paged_kv.L2_HINTS``, None: the default
     # policy). A class constant like lazy_rescale (an A/B sets it on a subclass).
     kv_l2_hint = None
@@ -212,6 +220,13 @@ class MLADecodeBase:
     def any_cluster(self) -> bool:
         return self.cluster > 1 or self.split_cluster > 1
 
+    @cute.jit
+    def cluster_start_wait(self):
+        """The start's cluster barrier wait, where ``late_cluster_start_wait`` put it in the roles: every
+        thread, after reading its work list and before any operation on a peer CTA. No-op otherwise."""
+        if const_expr(self.any_cluster() and self.late_cluster_start_wait):
+            cute.arch.cluster_wait()
+
     def arrives_early(self) -> bool:
         """Whether the roles arrive on the exit's cluster barrier themselves (``early_cluster_arrive``):
         only in a multicast cluster (a split cluster exchanges partials in its epilogue)."""
@@ -260,10 +275,15 @@ class MLADecodeBase:
         # Barrier inits must be visible to every thread before anyone waits on them, and in a cluster
         # to the peer CTAs too before their multicast boxes or remote releases reach this CTA.
         cute.arch.mbarrier_init_fence()
-        # (A split cluster's peers write into this CTA's shared memory, which needs it running.)
+        # (A split cluster's peers write into this CTA's shared memory, which needs it running.) With
+        # ``late_cluster_start_wait`` the wait is in the roles; the CTA's own threads still see the inits
+        # through the CTA barrier here.
         if const_expr(self.any_cluster()):
             cute.arch.cluster_arrive_relaxed()
-            cute.arch.cluster_wait()
+            if const_expr(self.late_cluster_start_wait):
+                cute.arch.sync_threads()
+            else:
+                cute.arch.cluster_wait()
         else:
             cute.arch.sync_threads()
         # Launched with programmatic dependent launch: everything above touched only this CTA's

@@ -41,6 +41,7 @@ class MLADecode2WG(MLADecodeBase):
     # constant (the kernel cache keys on the sources); an A/B sets it False with the disk cache off.
     prefetch_next_chunk = True
     early_cluster_arrive = True  # skeleton: both warpgroups arrive after their last K release
+    late_cluster_start_wait = True  # skeleton: the start's cluster wait after the plan row's loads
     # K tiles are read once per CTA (or once per cluster, multicast) and never again: marking them first
     # to leave L2 keeps Q, the block table and the other m-block CTAs' lines. Measured on H200s (paired
     # A/B, docs/perf-notes.md): 0.947-0.964 at b64 h128 1024, b64 h32 1024, b128 h16 1024, b32 h64 4096,
@@ -81,6 +82,7 @@ class MLADecode2WG(MLADecodeBase):
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
                         mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
         begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
+        self.cluster_start_wait()  # the plan row's loads are out: they overlap the wait
         wg = tidx // 128
         wg_tidx = tidx % 128
         # V^T halves viewed in place from the K stages (MN-major B operand, no copy).

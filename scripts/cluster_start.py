@@ -3,12 +3,15 @@
     python scripts/cluster_start.py [--config 64,8,1,128,1024 ...] [--replays 300] [--passes 2] [--json F]
 
 For each config (page 64 or 128, ``h_q * s_q > 64``) one ``MLADecoder`` is planned; the decode entry is
-then compiled five ways, each captured in its own graph, all on the same inputs and plan:
+then compiled six ways, each captured in its own graph, all on the same inputs and plan:
 
 - ``on``: the library's kernel (2-CTA cluster, each CTA issues half of every tile's boxes and
   multicasts them; a stage is refilled once the consumers of both CTAs released it);
 - ``on-late``: the same with the exit's cluster arrive at the end of the kernel (skeleton
   ``early_cluster_arrive = False``: the form before the eleventh session);
+- ``on-wait-first``: the same with the start's cluster wait right after the barrier inits, before the
+  plan row is read (skeleton ``late_cluster_start_wait = False``: the form before the seventeenth
+  session);
 - ``cl-local``: the cluster and its cross-CTA release, but every CTA loads every box of every tile
   itself (multicast mask = this CTA only): the release protocol without the shared loads;
 - ``cl-idle``: the cluster is launched and synchronised at start and exit, but loads and releases are
@@ -33,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 CONFIGS = ((64, 1, 1, 128, 1024), (64, 1, 1, 128, 16384), (64, 1, 2, 128, 16384), (64, 8, 1, 128, 1024),
            (64, 8, 2, 128, 4096), (64, 32, 2, 128, 1024), (64, 64, 2, 128, 1024), (64, 128, 1, 128, 4096))
-MODES = ("on", "on-late", "cl-local", "cl-idle", "off")
+MODES = ("on", "on-late", "on-wait-first", "cl-local", "cl-idle", "off")
 
 from pipelines import paged_kv  # noqa: E402  (first: it pins the DSL's target arch)
 from pipelines.launch import DecodeEntry  # noqa: E402
@@ -72,13 +75,18 @@ class LateExit2WG(MLADecode2WG):
     early_cluster_arrive = False
 
 
+class WaitFirst2WG(MLADecode2WG):
+    late_cluster_start_wait = False
+
+
 class ModeEntry(DecodeEntry):
     def __init__(self, config, mode: str):
         super().__init__(config)
         d = self.decode
-        if mode == "on-late":
-            d = self.decode = LateExit2WG(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv, multicast=True,
-                                          split_cluster=d.split_cluster)
+        if mode in ("on-late", "on-wait-first"):
+            cls = LateExit2WG if mode == "on-late" else WaitFirst2WG
+            d = self.decode = cls(d.dtype, d.h_q, d.s_q, d.page_size, d.causal, d.h_kv, multicast=True,
+                                  split_cluster=d.split_cluster)
         if mode == "cl-local":
             if d.loader.boxes_per_cta != 1:
                 raise SystemExit("cl-local is written for pages of 64 or 128 tokens")
