@@ -51,6 +51,12 @@ def acc_mn_view(acc: cute.Tensor) -> cute.Tensor:
     return cute.make_tensor(acc.iterator, cute.composition(acc.layout, mn))
 
 
+def transposed(t: cute.Tensor) -> cute.Tensor:
+    """The same (rows, cols) register view with its two modes swapped: ``transposed(t)[j, i] is t[i, j]``
+    (the row helpers of ``pipelines.softmax`` then serve a transposed accumulator's columns)."""
+    return cute.make_tensor(t.iterator, cute.select(t.layout, mode=[1, 0]))
+
+
 def acc_as_a_operand(acc: cute.Tensor) -> cute.Tensor:
     """Re-view a 16-bit copy of a QK accumulator ((2, 2, N/8), M, 1) as the A operand of an RS wgmma.
 

@@ -18,7 +18,7 @@ shared memory as the B operand). At N = 16 the tile's multiply-adds drop from 4.
 the two products are about equal in size (0.59M and 0.52M), so they go to one warpgroup each:
 
 - WG0: S^T of tile t; the softmax runs down the columns (the thread's two tokens, the 8 lanes sharing
-  ``lane % 4`` by butterfly shuffles, the 4 warps through ``col_max_x``, two tiles' slots alternating);
+  ``lane % 4`` by butterfly shuffles, the 4 warps through one shared slot per warp, ``warps_total``);
   P^T and the columns' factors to shared memory (P_FULL), then the next tile's S^T while WG1 multiplies
   this one's P.V (WG0 waits only for P_EMPTY before it writes the next P). It releases its read of the K
   stage right after its wgmma (the stage refills once WG1 has released it too).
@@ -102,10 +102,10 @@ class MLADecode2WGNarrow(MLADecode2WG):
         self.q_tile_rows = self.width  # Q's rows in shared memory and its TMA box
 
     def extra_shared_fields(self) -> dict:
-        """The column statistics of WG0's softmax: per warp and column the tile's max (two tiles' slots,
-        alternating) and the chunk's sum."""
+        """The column statistics of WG0's softmax (``warps_total``): per warp and column the tile's max
+        and the chunk's sum."""
         mem = cute.struct.MemRange
-        return {"col_max_x": mem[Float32, 2 * WARPS * self.width], "col_sum_x": mem[Float32, WARPS * self.width]}
+        return {"col_max_x": mem[Float32, WARPS * self.width], "col_sum_x": mem[Float32, WARPS * self.width]}
 
     def mma_st(self):
         """S^T = K.Q^T: 64 tokens x ``width`` rows, K (A) and Q (B) both K-major from shared memory."""
@@ -142,6 +142,30 @@ class MLADecode2WGNarrow(MLADecode2WG):
         for offset in range(3):  # a Python loop: unrolled while tracing
             value = op(value, cute.arch.shuffle_sync_bfly(value, offset=4 << offset))
         return value
+
+    @cute.jit
+    def warps_total(self, part: cute.Tensor, init: cute.Tensor, s_x: cute.Tensor, tTcT: cute.Tensor,
+                    wg_tidx: Int32, reduce: cutlass.Constexpr[str]) -> cute.Tensor:
+        """Per column of the thread's fragment, the max (``reduce="max"``) or sum (``"sum"``) of all of
+        WG0's values: ``part[j]`` (the thread's own, already reduced over its tokens) over the 8 lanes
+        sharing the column (``column_total``), one value per warp into ``s_x[col, warp]``, WG0's
+        barrier, then the 4 warps' values folded into ``init[j]``. ``s_x`` is free again once every WG0
+        thread has passed the next barrier that all of them reach after this call."""
+        op = cute.arch.fmax if const_expr(reduce == "max") else (lambda a, b: a + b)
+        warp = wg_tidx // 32
+        n_col = cute.size(part, mode=[0])
+        for j in cutlass.range_constexpr(n_col):
+            v = self.column_total(part[j], op)
+            if wg_tidx % 32 < 4:
+                s_x[tTcT[0, j][1], warp] = v
+        cute.arch.barrier(barrier_id=BAR_WG0, number_of_threads=128)
+        total = cute.make_rmem_tensor(n_col, Float32)
+        for j in cutlass.range_constexpr(n_col):
+            v = init[j]
+            for w in cutlass.range_constexpr(WARPS):
+                v = op(v, s_x[tTcT[0, j][1], w])
+            total[j] = v
+        return total
 
     def mma_ot(self):
         """O^T = V^T.P^T: M = value dims (A: the K stage, MN-major), N = ``width`` rows, K = the 64 tokens
@@ -195,17 +219,14 @@ class MLADecode2WGNarrow(MLADecode2WG):
         tTcT = layouts.acc_mn_view(thr_st.partition_C(cute.make_identity_tensor((BLOCK_N, self.width))))
         n_tok = cute.size(tTcT, mode=[0])
         n_col = cute.size(tTcT, mode=[1])
-        # Column maxima per warp, two tiles' slots alternating; the chunk's column sums per warp. (One slot
-        # would do: every WG0 thread reads a tile's maxima before its P_EMPTY sync, and writes the next
-        # tile's after it. The two slots are the form that ran on the GPU.)
-        s_col_max = storage.col_max_x.get_tensor(cute.make_layout((self.width, WARPS, 2)))
+        # Column maxima and the chunk's column sums per warp (``warps_total``). One slot per warp serves
+        # every tile: each WG0 thread reads a tile's maxima before its P_EMPTY sync and writes the next
+        # tile's after it; the sums are read before the chunk's last P_EMPTY sync.
+        s_col_max = storage.col_max_x.get_tensor(cute.make_layout((self.width, WARPS)))
         s_col_sum = storage.col_sum_x.get_tensor(cute.make_layout((self.width, WARPS)))
-        warp = wg_tidx // 32
-        lane = wg_tidx % 32
 
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        parity = Int32(0)
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
@@ -232,23 +253,15 @@ class MLADecode2WGNarrow(MLADecode2WG):
                         for j in cutlass.range_constexpr(n_col):
                             if blk * BLOCK_N + tTcT[i, j][0] >= col_limit[j]:
                                 t_mn[i, j] = -Float32.inf
+                part_max = cute.make_rmem_tensor(n_col, Float32)
                 for j in cutlass.range_constexpr(n_col):
-                    m = t_mn[0, j]
+                    part_max[j] = t_mn[0, j]
                     for i in cutlass.range_constexpr(1, n_tok):
-                        m = cute.arch.fmax(m, t_mn[i, j])
-                    m = self.column_total(m, cute.arch.fmax)
-                    if lane < 4:
-                        s_col_max[tTcT[0, j][1], warp, parity] = m
-                cute.arch.barrier(barrier_id=BAR_WG0, number_of_threads=128)
+                        part_max[j] = cute.arch.fmax(part_max[j], t_mn[i, j])
+                m_new = self.warps_total(part_max, col_max, s_col_max, tTcT, wg_tidx, "max")
                 for j in cutlass.range_constexpr(n_col):
-                    col = tTcT[0, j][1]
-                    m_prev = col_max[j]
-                    m_new = m_prev
-                    for w in cutlass.range_constexpr(WARPS):
-                        m_new = cute.arch.fmax(m_new, s_col_max[col, w, parity])
                     col_max[j], col_scale[j], col_sum[j] = softmax.settle_max(
-                        t_mn[None, j], m_prev, m_new, col_sum[j], scale_log2, self.lazy_rescale)
-                parity = parity ^ 1
+                        t_mn[None, j], col_max[j], m_new[j], col_sum[j], scale_log2, self.lazy_rescale)
 
                 # P^T and the columns' factors once WG1's previous P.V is done with them, then P_FULL.
                 rP = cute.make_rmem_tensor_like(acc_t, self.dtype)
@@ -264,18 +277,14 @@ class MLADecode2WGNarrow(MLADecode2WG):
             q_state.advance()
 
             # The chunk's column sums, 1/sum to WG1 and the lse to global memory.
-            for j in cutlass.range_constexpr(n_col):
-                s = self.column_total(col_sum[j], lambda a, b: a + b)
-                if lane < 4:
-                    s_col_sum[tTcT[0, j][1], warp] = s
-            cute.arch.barrier(barrier_id=BAR_WG0, number_of_threads=128)
+            zero = cute.make_rmem_tensor(n_col, Float32)
+            zero.fill(0.0)
+            sums = self.warps_total(col_sum, zero, s_col_sum, tTcT, wg_tidx, "sum")
             col_inv = cute.make_rmem_tensor(n_col, Float32)
             empty_lse = self.empty_row_lse(is_split)
             for j in cutlass.range_constexpr(n_col):
                 col = tTcT[0, j][1]
-                s = Float32(0.0)
-                for w in cutlass.range_constexpr(WARPS):
-                    s += s_col_sum[col, w]
+                s = sums[j]
                 inv = Float32(0.0)
                 lse = empty_lse
                 if s > Float32(0.0):
@@ -335,14 +344,10 @@ class MLADecode2WGNarrow(MLADecode2WG):
             for blk in cutlass.range(start, stop, unroll=1):
                 next_page = self.next_page_early(is_k_producer, mBlockTable, r, blk + self.kv_stages, seqlen, wg_tidx)
                 cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
-                need = False
                 for j in cutlass.range_constexpr(n_col):
                     col_scale[j] = s_row_scale[tOcO[0, j][1]]
-                    need = need or col_scale[j] != Float32(1.0)
-                if cute.arch.vote_any_sync(need):
-                    for i in cutlass.range_constexpr(cute.size(acc_mn, mode=[0])):
-                        for j in cutlass.range_constexpr(n_col):
-                            acc_mn[i, j] = acc_mn[i, j] * col_scale[j]
+                # The query rows are O^T's columns: the row helper on the transposed view.
+                softmax.rescale_rows_if_needed(layouts.transposed(acc_mn), col_scale)
                 self.loader.consumer_wait(pipe_k, k_state)
                 valid = seqlen - blk * BLOCK_N
                 if valid < BLOCK_N:
