@@ -399,8 +399,10 @@ def _flash_workspace(q: torch.Tensor, numel: int) -> torch.Tensor:
     device, for q on another device than the current one, above ``WORKSPACE_CACHE_MAX_BYTES``, or
     with ``MLA_WORKSPACE_CACHE=0``."""
     device = q.get_device()  # -1 off the CUDA device
+    # torch._C's functions directly: torch.cuda.current_device() adds a lazy-init check (CUDA is up: q
+    # is on it) and is_current_stream_capturing() a Python frame, on every eager call.
     if (device < 0 or numel > WORKSPACE_CACHE_MAX_BYTES // 4 or _workspace_cache_env_raw() == _WORKSPACE_CACHE_OFF
-            or device != torch.cuda.current_device() or torch.cuda.is_current_stream_capturing()):
+            or device != torch._C._cuda_getDevice() or torch._C._cuda_isCurrentStreamCapturing()):
         return q.new_empty(numel, dtype=torch.float32)
     key = (device, torch._C._cuda_getCurrentRawStream(device))
     workspace = _WORKSPACES.get(key)
