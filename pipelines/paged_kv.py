@@ -16,7 +16,8 @@ which one ran:
   whole tile. With a cluster of 2 CTAs (the m-blocks of one request, see ``cluster_size``) each CTA
   issues half of every tile's boxes and multicasts them to both CTAs. Pages of 16 and 32 tokens
   (a CTA's share of the tile is several boxes) spread the boxes over producer warps, one box per
-  warp, each warp's page id read a tile early (``TmaPagedKV.warp_per_box``).
+  warp (``TmaPagedKV.warp_per_box``). On every TMA path a caller may read a producer warp's page id
+  of a tile early and hand it to the load (``prefetches_page``).
 - ``GatherPagedKV`` (page_size < 16: 1, 2, 4, 8). No TMA box fits the 8-row swizzle atom of a page
   this small, so each token row is gathered with 16-byte cp.async (LDGSTS): 8 threads per row, 9
   chunks each, the row's address from block_table. 128 producer threads each commit their copies
@@ -26,10 +27,9 @@ which one ran:
 Rows past a request's end: neither loader reads outside the request's own pages (the TMA loader
 loads a box past the end from a page the request owns: the last valid one, or at a chunk's head, where
 the page ids are read before the length, the page of the tile's first token; the gather loader skips
-those rows). What such
-rows hold in smem is stale or whatever the last page holds past the end (NaN in the tests); the
-consumers mask their scores and zero their V rows (``MLADecodeBase.zero_v_rows``), so nothing of it
-reaches P.V.
+those rows). What such rows hold in smem is stale or whatever the last page holds past the end (NaN in
+the tests); the consumers mask their scores and zero their V rows (``MLADecodeBase.zero_v_rows``), so
+nothing of it reaches P.V.
 """
 from __future__ import annotations
 
@@ -279,7 +279,9 @@ class TmaPagedKV(PagedKVLoader):
         A chunk's first tiles are loaded right after the plan row is read; ``page_id`` would first wait
         for ``cache_seqlens[r]`` (its clamp), a dependent global load between the plan and the TMA.
         These addresses need only the plan: both loads go out beside the length's. An index past
-        block_table's width is not read (0 instead; the tile is then past the request and not loaded).
+        block_table's width is not read (0 instead): such an entry is never used, since a loaded tile
+        starts inside the request (its first token's entry is in the table) and a box past the end
+        takes ``first``.
         Where a page holds the whole tile (``page_size >= 64``) both are the same entry, read once."""
         P = self.page_size
         width = cute.size(mBlockTable, mode=[1])
@@ -426,7 +428,8 @@ class TmaPagedKV(PagedKVLoader):
                     rank, cols, page=None):
         """One warp issues this CTA's boxes of the tile: since warp_per_box, always exactly one box
         (pages 64 and 128, and page 32 in a 2-CTA cluster), the code as it was for those pages.
-        ``page``: that box's page id, read by the caller (``pick_head_page``)."""
+        ``page``: that box's page id, read by the caller (``page_id`` a tile early, or
+        ``pick_head_page`` at a chunk's head)."""
         P = self.page_size
         box = self.box_rows
         if const_expr(page is None):

@@ -65,7 +65,8 @@ class MLADecodeBase:
     # waits on it in its roles (``cluster_start_wait``) once the plan row's loads are out, instead of
     # before them: the plan's global round trip overlaps the peers' start (their launch skew and their
     # own inits). The wait still precedes every operation on a peer (a multicast box, a remote
-    # release, a write to a peer's shared memory). A variant opts in by setting it and calling
+    # release, a read of a peer's shared memory in a split cluster's epilogue). A variant opts in by
+    # setting it and calling
     # ``cluster_start_wait`` in its roles; a class constant like early_cluster_arrive (an A/B sets it
     # False).
     late_cluster_start_wait = False
@@ -275,9 +276,10 @@ class MLADecodeBase:
         # Barrier inits must be visible to every thread before anyone waits on them, and in a cluster
         # to the peer CTAs too before their multicast boxes or remote releases reach this CTA.
         cute.arch.mbarrier_init_fence()
-        # (A split cluster's peers write into this CTA's shared memory, which needs it running.) With
-        # ``late_cluster_start_wait`` the wait is in the roles; the CTA's own threads still see the inits
-        # through the CTA barrier here.
+        # (A split cluster's peers read this CTA's shared memory, which needs it running.) With
+        # ``late_cluster_start_wait`` the wait is in the roles; the CTA barrier here is defensive (every
+        # thread also waits on the cluster barrier before touching an mbarrier, which orders the inits
+        # for it) and keeps the inits visible to this CTA's threads whatever a variant's roles do first.
         if const_expr(self.any_cluster()):
             cute.arch.cluster_arrive_relaxed()
             if const_expr(self.late_cluster_start_wait):
@@ -416,7 +418,7 @@ class MLADecodeBase:
 
         With a split cluster the plan counts in groups of ``split_cluster`` tiles (its ``block_n`` is
         ``64 * split_cluster``); ``start`` is then this CTA's first tile, and it takes every
-        ``tile_step``-th tile from there (``cluster_rank`` interleaves the ranks tile by tile).
+        ``split_cluster``-th tile from there (``cluster_rank`` interleaves the ranks tile by tile).
         """
         seqlen = mSeqlens[r]
         n_blocks = (seqlen + BLOCK_N - 1) // BLOCK_N

@@ -382,10 +382,10 @@ class MLADecode2WG(MLADecodeBase):
 
     @cute.jit
     def next_page_early(self, is_k_producer, mBlockTable, r, blk, seqlen, wg_tidx) -> Int32:
-        """This producer warp's page id of tile ``blk`` where the loader takes one from the caller
-        (``prefetches_page``; 0 elsewhere, unused): read a tile early, so that its latency is not on the
-        path from a stage's release to its refill. A tile index past the chunk reads the last valid
-        page (clamped) and is not used."""
+        """This producer warp's page id of tile ``blk`` where refills take one from the caller
+        (``reads_refill_page_early``; 0 elsewhere, unused): read a tile early, so that its latency is not
+        on the path from a stage's release to its refill. A tile index past the chunk reads the last
+        valid page (clamped) and is not used."""
         page = Int32(0)
         if const_expr(self.reads_refill_page_early()):
             if is_k_producer:
