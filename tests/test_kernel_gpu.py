@@ -126,6 +126,27 @@ def _check_decode(variant, seqlens, s_q, h_q, causal, dtype, page_size, h_kv=1, 
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("h_q", [16, 128])  # 16: 2wg's narrow kernel; 128: a 2-CTA multicast cluster
+def test_every_request_empty_with_a_zero_width_block_table(variant, h_q):
+    """All lengths 0 and a block_table with no column: no entry may be read (the chunk heads read page
+    ids before the lengths, guarded by the table's width); every row gets out 0 and lse +inf."""
+    import mla
+
+    b, s_q = 3, 1
+    q = torch.randn(b, s_q, h_q, 576, dtype=torch.bfloat16, device="cuda")
+    k_cache = torch.full((2, 64, 1, 576), float("nan"), dtype=torch.bfloat16, device="cuda")
+    block_table = torch.empty(b, 0, dtype=torch.int32, device="cuda")
+    cache_seqlens = torch.zeros(b, dtype=torch.int32, device="cuda")
+    meta, num_splits = mla.get_mla_metadata(cache_seqlens, s_q * h_q, 1)
+    out = torch.full((b, s_q, h_q, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    out, lse = mla.flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, 512, meta, num_splits,
+                                          pipeline=variant, out=out)
+    torch.cuda.synchronize()
+    assert bool((out == 0).all())
+    assert bool((lse == float("inf")).all())
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("h_q, s_q, causal", [(64, 2, True), (128, 1, False)])
 def test_lazy_rescale_with_growing_scores(variant, h_q, s_q, causal):
     """Scores whose row max grows by more and by less than softmax.LAZY_RESCALE_LOG2 from tile to tile
