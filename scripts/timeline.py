@@ -15,6 +15,11 @@ baked into the kernel):
 - ``store``: WG1 starts a chunk's epilogue (the scratch transpose and the stores);
 - ``end``: WG1 has issued the chunk's last store.
 
+And in the split-kv merge kernel (the same buffer, rows from ``MERGE_ROW0``; thread 0 of each CTA of grid
+row 0, through hooks on ``cute.arch.griddepcontrol_*`` while the entry is traced): ``m entry`` (its first
+line), ``m wait`` and ``m go`` (before and after its griddepcontrol.wait, which returns once the decode
+grid has completed and its writes are visible).
+
 The graph of one decode (decode + merge, as the perf table times it) is replayed ``--replays`` times;
 the stamps of the last replay are printed per working CTA relative to the earliest ``start``, with the
 graph's replay time (CUDA events) beside them, so the gap between the last ``end`` and the replay's
@@ -70,6 +75,53 @@ def _stamp_counted(base: int, first_slot: int, n_slots: int):
 
 
 MAX_CTAS = 1024
+MERGE_ROW0 = 512  # merge CTA (part, 0) stamps into row MERGE_ROW0 + part
+M_ENTRY, M_WAIT, M_GO = 0, 1, 2
+
+
+def _stamp_merge(base: int, slot: int):
+    """``_stamp`` for the merge kernel, by thread 0 of grid row 0 only (a predicate inside the PTX: this
+    runs from a hook in plain Python, where no DSL ``if`` is available)."""
+    tidx, _, _ = cute.arch.thread_idx()
+    part, cta_y, _ = cute.arch.block_idx()
+    addr = cutlass.Int64(base) + (cutlass.Int64(part) + MERGE_ROW0) * SLOTS * 8 + slot * 8
+    who = cutlass.Int32(tidx) + cutlass.Int32(cta_y) * 1024
+    llvm.inline_asm(None, [addr.ir_value(), cutlass.Int64(MAX_CTAS * SLOTS * 8).ir_value(), who.ir_value()],
+                    "{\n.reg .pred p;\n.reg .u64 t, c, b;\nsetp.eq.u32 p, $2, 0;\nmov.u64 t, %globaltimer;\n"
+                    "mov.u64 c, %clock64;\n@p st.global.u64 [$0], t;\nadd.u64 b, $0, $1;\n@p st.global.u64 [b], c;\n}",
+                    "l,l,r", has_side_effects=True)
+
+
+class MergeHooks:
+    """While active, ``cute.arch.griddepcontrol_launch_dependents`` / ``_wait`` stamp when traced for the
+    merge kernel: the entry traces the decode kernel first (one call of each) and the merge second."""
+
+    def __init__(self, base: int):
+        self.base, self.calls = base, {"launch": 0, "wait": 0}
+
+    def __enter__(self):
+        self.real = cute.arch.griddepcontrol_launch_dependents, cute.arch.griddepcontrol_wait
+
+        def launch_dependents():
+            self.calls["launch"] += 1
+            if self.calls["launch"] > 1:
+                _stamp_merge(self.base, M_ENTRY)
+            self.real[0]()
+
+        def wait():
+            self.calls["wait"] += 1
+            if self.calls["wait"] > 1:
+                _stamp_merge(self.base, M_WAIT)
+                self.real[1]()
+                _stamp_merge(self.base, M_GO)
+            else:
+                self.real[1]()
+
+        cute.arch.griddepcontrol_launch_dependents, cute.arch.griddepcontrol_wait = launch_dependents, wait
+        return self
+
+    def __exit__(self, *exc):
+        cute.arch.griddepcontrol_launch_dependents, cute.arch.griddepcontrol_wait = self.real
 
 
 def timed_class(base: int):
@@ -135,7 +187,10 @@ def main(argv=None) -> int:
         if parts > MAX_CTAS:
             raise SystemExit(f"{parts} plan parts: more than the buffer's {MAX_CTAS}")
         buf = torch.zeros(2, MAX_CTAS, SLOTS, dtype=torch.int64, device="cuda")
-        fn = compile_entry(config, kernel_class=timed_class(buf.data_ptr()))
+        with MergeHooks(buf.data_ptr()) as hooks:
+            fn = compile_entry(config, kernel_class=timed_class(buf.data_ptr()))
+        if hooks.calls["launch"] < 2 or hooks.calls["wait"] < 2:
+            raise SystemExit(f"the merge hooks saw {hooks.calls}: not the entry's decode-then-merge order")
         graphs, _ = bench.capture_entries({"timed": fn}, inp, dec)
         times = []
         for i in range(args.replays):
@@ -162,6 +217,15 @@ def main(argv=None) -> int:
             print(f"  {p:>4}  " + "  ".join(f"{v:8.2f}" for v in row) + "   |  " + "  ".join(f"{c:7d}" for c in cy))
         ends = ns[:, END][ns[:, END] > 0]
         print(f"  last end {(int(ends.max()) - t0) / 1e3:.2f} us after the earliest entry", flush=True)
+        mns = buf[0, MERGE_ROW0:MERGE_ROW0 + parts].cpu()
+        went = [p for p in range(parts) if int(mns[p, M_GO])]
+        entries = mns[:, M_ENTRY][mns[:, M_ENTRY] > 0]
+        if len(entries):
+            print(f"  merge: CTA entries {(int(entries.min()) - t0) / 1e3:.2f} to {(int(entries.max()) - t0) / 1e3:.2f} us; "
+                  f"{len(went)} CTAs waited (m wait, m go):")
+            for p in went:
+                print(f"    part {p:>4}: entry {(int(mns[p, M_ENTRY]) - t0) / 1e3:6.2f}  wait "
+                      f"{(int(mns[p, M_WAIT]) - t0) / 1e3:6.2f}  go {(int(mns[p, M_GO]) - t0) / 1e3:6.2f}")
     return 0
 
 
