@@ -77,6 +77,11 @@ class MLADecode2WG(MLADecodeBase):
     # stage frees, right before the TMA, as before. A class constant like head_pages_early (an A/B
     # sets it False).
     refill_pages_early = True
+    # Q's TMA from a warp of WG1 that issues no K box where there is one (``q_producer_warp``): a warp
+    # issues its TMA copies one after another (about 15 uniform instructions each), so a chunk head's
+    # 9 Q copies no longer sit in front of its K copies. False: warp 0 issues both, as before. A class
+    # constant like refill_pages_early (an A/B sets it False).
+    q_warp_apart = True
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -214,7 +219,7 @@ class MLADecode2WG(MLADecodeBase):
         cO = cute.make_identity_tensor((BLOCK_M, HALF))
         tOcO = layouts.acc_mn_view(thr_pv.partition_C(cO))
         n_rows_thr = cute.size(tOcO, mode=[0])
-        # Producers: the first warp of WG1 issues Q (TMA); the loader's first ``producer_warps`` warps
+        # Producers: warp ``q_producer_warp`` of WG1 issues Q (TMA); the loader's first ``producer_warps`` warps
         # of WG1 issue the K tiles (TMA pages 64/128: the first warp; TMA pages 16/32: one warp per
         # box of the tile, 2 or 4, because one warp issues its TMA copies serially, see
         # paged_kv.TmaPagedKV; cp.async gather: all four, because a 72 KB tile is 4608 16-byte
@@ -223,7 +228,7 @@ class MLADecode2WG(MLADecodeBase):
         # run the producer code: the DSL's TMA issue and expect-tx arrive elect one lane with a
         # full-warp elect.sync, which deadlocks under a one-lane branch.
         wg_warp = cute.arch.make_warp_uniform(wg_tidx // 32)
-        is_q_producer = wg_warp == 0
+        is_q_producer = wg_warp == self.q_producer_warp()
         is_k_producer = wg_warp < self.loader.producer_warps
         q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         k_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
@@ -391,6 +396,13 @@ class MLADecode2WG(MLADecodeBase):
             if is_k_producer:
                 page = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
         return page
+
+    def q_producer_warp(self) -> int:
+        """The warp of WG1 (0-3) that issues Q: the first one after the K producers (``q_warp_apart``),
+        the last one where all four issue K boxes (pages 16 without a cluster, and the gather)."""
+        if not self.q_warp_apart:
+            return 0
+        return min(self.loader.producer_warps, 3)
 
     def reads_refill_page_early(self) -> bool:
         """Whether refills take their page id from ``next_page_early`` (``refill_pages_early``)."""

@@ -319,9 +319,10 @@ class MLADecode2WGNarrow(MLADecode2WG):
         tOcO = layouts.acc_mn_view(thr_ot.partition_C(cute.make_identity_tensor((HEAD_DIM_V, self.width))))
         n_col = cute.size(tOcO, mode=[1])
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-        # Producers as in 2wg (``wg1_load_pv``): the first warp issues Q, the loader's producer warps K.
+        # Producers as in 2wg (``wg1_load_pv``): warp ``q_producer_warp`` issues Q, the loader's producer
+        # warps K.
         wg_warp = cute.arch.make_warp_uniform(wg_tidx // 32)
-        is_q_producer = wg_warp == 0
+        is_q_producer = wg_warp == self.q_producer_warp()
         is_k_producer = wg_warp < self.loader.producer_warps
         q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         k_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
