@@ -79,9 +79,11 @@ class MLADecode2WG(MLADecodeBase):
     refill_pages_early = True
     # Q's TMA from a warp of WG1 that issues no K box where there is one (``q_producer_warp``): a warp
     # issues its TMA copies one after another (about 15 uniform instructions each), so a chunk head's
-    # 9 Q copies no longer sit in front of its K copies. False: warp 0 issues both, as before. A class
-    # constant like refill_pages_early (an A/B sets it False).
-    q_warp_apart = True
+    # 9 Q copies would no longer sit in front of its K copies. Off here (warp 0 issues both): measured
+    # on an H100 (paired, docs/perf-notes.md, seventeenth session) this 64-row kernel gained 0.5-0.8% at
+    # b8 h64 4096 and lost 0.4-1% at b1 h128 16384 and 0.3-0.9% at b128 h128 4096; the narrow kernel,
+    # which gained 1.3-2.7%, sets it. A class constant (an A/B sets it on a subclass).
+    q_warp_apart = False
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,

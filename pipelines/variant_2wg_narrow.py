@@ -85,6 +85,9 @@ def _load_shared_v4(addr: Int32):
 
 
 class MLADecode2WGNarrow(MLADecode2WG):
+    # Q's TMA from WG1's warp 1 (pages 64/128), K's from warp 0 (2wg's ``q_producer_warp``): 1.3-2.7%
+    # faster at b1 h16 1024 and b1 h16 16384 on an H100 (paired, docs/perf-notes.md, seventeenth session).
+    q_warp_apart = True
     # 16 rows of fp32 per epilogue pass (``store_transposed``; 16-bit rows take less).
     epilogue_scratch_bytes = PASS_ROWS * ROW_32 * 4
 

@@ -51,7 +51,8 @@ MODES = {
     "2wg-no-pdl": ("2wg", dict(dependent_launch=False), True),  # plain launch of the decode
     "2wg-head-late": ("2wg", dict(head_pages_early=False), True),  # a chunk's first page ids after its length
     "2wg-refill-late": ("2wg", dict(refill_pages_early=False), True),  # pages 64/128: refill page id after the release
-    "2wg-q-warp0": ("2wg", dict(q_warp_apart=False), True),  # Q's TMA from the K producer warp 0, as before
+    "2wg-q-warp0": ("2wg", dict(q_warp_apart=False), True),  # Q's TMA from the K producer warp 0 (narrow kernel)
+    "2wg-q-apart": ("2wg", dict(q_warp_apart=True), True),  # Q's TMA from a warp without K boxes (64-row kernel)
     "2wg-evict-last": ("2wg", dict(kv_l2_hint="evict_last"), True),
     "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
