@@ -115,6 +115,31 @@ def test_exit_arrive_moves_into_the_roles_only_for_2wg_multicast_clusters():
     assert not MLADecode3WG(bf, 128, 1, 64, False).arrives_early()
 
 
+def test_producer_warps_and_early_page_reads_follow_the_measured_choices():
+    """Which WG1 warp issues Q (``q_producer_warp``: apart from the K producers in the narrow kernel only,
+    as measured; the last warp where all four issue K boxes), and that refills read their page id a tile
+    early on every TMA path (``reads_refill_page_early``) but never on the cp.async gather."""
+    import cutlass
+
+    from pipelines.variant_2wg import MLADecode2WG
+    from pipelines.variant_2wg_narrow import MLADecode2WGNarrow
+
+    bf = cutlass.BFloat16
+    assert MLADecode2WGNarrow(bf, 16, 1, 64, False).q_producer_warp() == 1  # K: warp 0
+    assert MLADecode2WGNarrow(bf, 16, 1, 32, False).q_producer_warp() == 2  # K: warps 0-1
+    assert MLADecode2WGNarrow(bf, 16, 1, 16, False).q_producer_warp() == 3  # K: all four
+    assert MLADecode2WGNarrow(bf, 16, 1, 1, False).q_producer_warp() == 3  # the gather: all four
+    assert MLADecode2WG(bf, 128, 1, 64, False).q_producer_warp() == 0  # the 64-row kernel: warp 0
+    assert MLADecode2WG(bf, 64, 1, 16, False).q_producer_warp() == 0
+    for page in (16, 32, 64, 128):
+        assert MLADecode2WG(bf, 64, 1, page, False).reads_refill_page_early()
+        assert MLADecode2WGNarrow(bf, 16, 1, page, False).reads_refill_page_early()
+    assert not MLADecode2WG(bf, 64, 1, 1, False).reads_refill_page_early()
+    late = type("Late", (MLADecode2WG,), {"refill_pages_early": False})
+    assert not late(bf, 64, 1, 64, False).reads_refill_page_early()  # the form before: one box, read late
+    assert late(bf, 64, 1, 16, False).reads_refill_page_early()  # several boxes: always early
+
+
 def test_l2_hint_reaches_every_k_load_only_when_set():
     """``kv_l2_hint`` (2wg: evict_first) gives each K box's TMA load the policy of a ``createpolicy`` as
     its ``.L2::cache_hint`` operand (0 without it); Q's loads keep 0. A gather loader (page 1) takes
