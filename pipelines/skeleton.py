@@ -66,9 +66,8 @@ class MLADecodeBase:
     # before them: the plan's global round trip overlaps the peers' start (their launch skew and their
     # own inits). The wait still precedes every operation on a peer (a multicast box, a remote
     # release, a read of a peer's shared memory in a split cluster's epilogue). A variant opts in by
-    # setting it and calling
-    # ``cluster_start_wait`` in its roles; a class constant like early_cluster_arrive (an A/B sets it
-    # False).
+    # setting it and calling ``cluster_start_wait`` in its roles; a class constant like
+    # early_cluster_arrive (an A/B sets it False).
     late_cluster_start_wait = False
     # L2 eviction priority of the K tile loads (TMA pages; ``paged_kv.L2_HINTS``, None: the default
     # policy). A class constant like lazy_rescale (an A/B sets it on a subclass).

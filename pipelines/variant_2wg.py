@@ -221,19 +221,7 @@ class MLADecode2WG(MLADecodeBase):
         cO = cute.make_identity_tensor((BLOCK_M, HALF))
         tOcO = layouts.acc_mn_view(thr_pv.partition_C(cO))
         n_rows_thr = cute.size(tOcO, mode=[0])
-        # Producers: warp ``q_producer_warp`` of WG1 issues Q (TMA); the loader's first ``producer_warps`` warps
-        # of WG1 issue the K tiles (TMA pages 64/128: the first warp; TMA pages 16/32: one warp per
-        # box of the tile, 2 or 4, because one warp issues its TMA copies serially, see
-        # paged_kv.TmaPagedKV; cp.async gather: all four, because a 72 KB tile is 4608 16-byte
-        # copies, 36 per thread over 128 threads, 144 for one warp). WG1 issues
-        # because it has the slack: WG0 also does QK and the softmax on the critical path. Whole warps
-        # run the producer code: the DSL's TMA issue and expect-tx arrive elect one lane with a
-        # full-warp elect.sync, which deadlocks under a one-lane branch.
-        wg_warp = cute.arch.make_warp_uniform(wg_tidx // 32)
-        is_q_producer = wg_warp == self.q_producer_warp()
-        is_k_producer = wg_warp < self.loader.producer_warps
-        q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        k_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+        is_q_producer, is_k_producer, q_prod, k_prod = self.wg1_producers(wg_tidx)
 
         # P_EMPTY starts "free": WG0 waits on it before its first P write.
         cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
@@ -398,6 +386,22 @@ class MLADecode2WG(MLADecodeBase):
             if is_k_producer:
                 page = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
         return page
+
+    def wg1_producers(self, wg_tidx):
+        """``(is_q_producer, is_k_producer, q_prod, k_prod)`` of WG1's thread ``wg_tidx``: whether its warp
+        issues Q and K, and the producer states of both pipelines.
+
+        Warp ``q_producer_warp`` issues Q (TMA); the loader's first ``producer_warps`` warps issue the K
+        tiles (TMA pages 64/128: the first warp; TMA pages 16/32: one warp per box of the tile, 2 or 4,
+        because one warp issues its TMA copies serially, see paged_kv.TmaPagedKV; cp.async gather: all
+        four, because a 72 KB tile is 4608 16-byte copies, 36 per thread over 128 threads, 144 for one
+        warp). WG1 issues because it has the slack: WG0 also does QK and the softmax on the critical
+        path. Whole warps run the producer code: the DSL's TMA issue and expect-tx arrive elect one lane
+        with a full-warp elect.sync, which deadlocks under a one-lane branch."""
+        wg_warp = cute.arch.make_warp_uniform(wg_tidx // 32)
+        q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        k_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+        return wg_warp == self.q_producer_warp(), wg_warp < self.loader.producer_warps, q_prod, k_prod
 
     def q_producer_warp(self) -> int:
         """The warp of WG1 (0-3) that issues Q: the first one after the K producers (``q_warp_apart``),

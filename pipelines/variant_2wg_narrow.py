@@ -322,13 +322,7 @@ class MLADecode2WGNarrow(MLADecode2WG):
         tOcO = layouts.acc_mn_view(thr_ot.partition_C(cute.make_identity_tensor((HEAD_DIM_V, self.width))))
         n_col = cute.size(tOcO, mode=[1])
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-        # Producers as in 2wg (``wg1_load_pv``): warp ``q_producer_warp`` issues Q, the loader's producer
-        # warps K.
-        wg_warp = cute.arch.make_warp_uniform(wg_tidx // 32)
-        is_q_producer = wg_warp == self.q_producer_warp()
-        is_k_producer = wg_warp < self.loader.producer_warps
-        q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        k_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+        is_q_producer, is_k_producer, q_prod, k_prod = self.wg1_producers(wg_tidx)  # as in 2wg
 
         cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)  # P starts free
         prefetched = Int32(0)
