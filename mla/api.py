@@ -72,6 +72,7 @@ _multicast_env_raw = _env_reader(MULTICAST_ENV_VAR)
 PARTIAL_ENV_VAR = "MLA_PARTIAL_DTYPE"  # pipelines.launch reads it when a kernel is looked up
 _partial_env_raw = _env_reader(PARTIAL_ENV_VAR)
 _split_cluster_env_raw = _env_reader(planner.SPLIT_CLUSTER_ENV_VAR)
+_grid_merge_env_raw = _env_reader(pipelines.GRID_MERGE_ENV_VAR)
 WORKSPACE_CACHE_ENV_VAR = "MLA_WORKSPACE_CACHE"  # "0": flash_mla_with_kvcache allocates its workspace per call
 _workspace_cache_env_raw = _env_reader(WORKSPACE_CACHE_ENV_VAR)
 # "0" as the raw reader returns it (CPython keeps the environment encoded: bytes on POSIX).
@@ -438,6 +439,13 @@ def _workspace_numel(shape: validate.DecodeShape, num_parts: int) -> int:
     return pipelines.workspace_numel(shape.batch_size, num_parts, shape.s_q * shape.h_q)
 
 
+def _grid_merge(variant: str, shape: validate.DecodeShape, split_cluster: int, num_parts: int) -> int:
+    """The decode entry's ``grid_merge`` argument for a checked call (``pipelines.grid_merge_flag``,
+    ``MLA_GRID_MERGE`` read now)."""
+    return pipelines.grid_merge_flag(variant, shape.rows, shape.h_kv, split_cluster, num_parts,
+                                     pipelines.device_sm_count(shape.device), pipelines.grid_merge_setting())
+
+
 def _launcher(variant: str, shape: validate.DecodeShape, split_cluster: int, partial_dtype=None):
     """The compiled decode for this shape and a plan made for ``split_cluster``
     (``split_k.planner.split_cluster``; ``PlanInfo.split_cluster`` of the plan)."""
@@ -458,6 +466,7 @@ class _Call:
     device: torch.device
     softmax_scale: float
     shape: validate.DecodeShape
+    grid_merge: int = 0  # the entry's grid_merge argument (pipelines.grid_merge_flag)
 
 
 _FLASH_CALLS: dict = {}
@@ -489,7 +498,7 @@ def _flash_key(pipeline, q, k_cache, block_table, cache_seqlens, head_dim_v, til
                 num_splits.shape, num_splits.stride(), num_splits.dtype,
                 getattr(tile_scheduler_metadata, "_mla_plan_info", None))
     return (pipeline, _pipeline_env_raw() if pipeline == "auto" else None, _multicast_env_raw(), _partial_env_raw(),
-            _split_cluster_env_raw(),
+            _split_cluster_env_raw(), _grid_merge_env_raw(),
             q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype,
             block_table.shape, block_table.stride(), block_table.dtype,
             cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
@@ -538,7 +547,8 @@ def _check_flash_call(pipeline, q, k_cache, block_table, cache_seqlens, head_dim
     launch = _launcher(variant, shape, cluster) if launcher else None
     return _Call(variant, launch, (shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V), (shape.batch_size, shape.h_q, shape.s_q),
                  _workspace_numel(shape, tile_scheduler_metadata.shape[0]), shape.dtype, shape.device,
-                 shape.softmax_scale, shape)
+                 shape.softmax_scale, shape,
+                 _grid_merge(variant, shape, cluster, tile_scheduler_metadata.shape[0]) if launcher else 0)
 
 
 def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, tile_scheduler_metadata,
@@ -614,7 +624,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     workspace = _flash_workspace(q, call.workspace_numel)
     try:
         call.launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
-                    call.softmax_scale)
+                    call.softmax_scale, call.grid_merge)
     except (ValueError, TypeError):
         # The compiled function refused an argument (dtype, device, alignment: module docstring):
         # say which, as the API says it, or pass its own message on if these checks find nothing.
@@ -787,6 +797,7 @@ class MLADecoder:
             self._workspace = torch.empty(_workspace_numel(shape, parts), dtype=torch.float32, device=device)
             self._lse = torch.empty(shape.batch_size, shape.h_q, shape.s_q, dtype=torch.float32, device=device)
         self._planned, self._info, self._launches, self._scale = shape, info, launches, shape.softmax_scale
+        self._grid_merges = {v: _grid_merge(v, shape, cluster, parts) for v in variants}
         self.variants = variants
         self._out_shape = (shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V)
         self._checked = {}
@@ -825,14 +836,19 @@ class MLADecoder:
         return auto_variant(p.page_size, p.s_q, p.h_q, p.h_kv, p.batch_size, block_table.shape[1])
 
     def _launch_for(self, shape: validate.DecodeShape):
-        """The compiled launch of the plan for a checked ``run`` of ``shape``."""
+        """``(launch, grid_merge)``: the compiled launch of the plan for a checked ``run`` of ``shape``
+        and its ``grid_merge`` argument (``pipelines.grid_merge_flag``, fixed by ``plan``)."""
         variant = self.variant if self.variant is not None else auto_variant(
             shape.page_size, shape.s_q, shape.h_q, shape.h_kv, shape.batch_size, shape.max_pages)
         launch = self._launches.get(variant)
         if launch is None:  # plan loads every variant auto may choose (auto.choices): not expected
             launch = self._launches[variant] = _launcher(variant, self._planned, self._info.split_cluster,
                                                                  self._partial)
-        return launch
+        grid_merge = self._grid_merges.get(variant)
+        if grid_merge is None:
+            grid_merge = self._grid_merges[variant] = _grid_merge(variant, self._planned, self._info.split_cluster,
+                                                                  self._info.num_parts)
+        return launch, grid_merge
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
             *, out: torch.Tensor | None = None, lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -869,6 +885,7 @@ class MLADecoder:
             launch = self._launch_for(shape)
             if key is not None:
                 _remember(self._checked, key, launch)
+        launch, grid_merge = launch
         if out is None:
             out = q.new_empty(self._out_shape)
         own_lse = lse is None
@@ -876,7 +893,7 @@ class MLADecoder:
             lse = self._lse
         try:
             launch(q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits, out,
-                   lse, self._workspace, self._scale)
+                   lse, self._workspace, self._scale, grid_merge)
         except (ValueError, TypeError):
             # The compiled function refused an argument: name it as the API does (module docstring).
             self._check_run(q, k_cache, block_table, cache_seqlens, out, None if own_lse else lse)

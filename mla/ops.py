@@ -50,7 +50,10 @@ def _check(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_
     validate.check_workspace(workspace, api._workspace_numel(shape, tile_scheduler_metadata.shape[0]), shape.device)
     cluster = api._call_split_cluster(getattr(tile_scheduler_metadata, "_mla_plan_info", None), shape,
                                       tile_scheduler_metadata.shape[0])
-    return api._launcher(variant, shape, cluster) if launcher else None
+    if not launcher:
+        return None
+    return (api._launcher(variant, shape, cluster),
+            api._grid_merge(variant, shape, cluster, tile_scheduler_metadata.shape[0]))
 
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
@@ -61,7 +64,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, ca
     try:  # the signature, as mla.api keys it: every tensor's shape, strides and dtype, q's device
         key = (tuple(api._sig(t) for t in args), q.device, type(softmax_scale), softmax_scale, type(causal), causal,
                pipeline, api._pipeline_env_raw() if pipeline == "auto" else None, api._multicast_env_raw(), api._partial_env_raw(),
-               api._split_cluster_env_raw())
+               api._split_cluster_env_raw(), api._grid_merge_env_raw())
         launch = _CALLS.get(key)
     except (AttributeError, TypeError):  # non-tensors, unhashables: the checks name them
         key = launch = None
@@ -69,9 +72,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, ca
         launch = _check(*args, softmax_scale, causal, pipeline, launcher=True)
         if key is not None:
             api._remember(_CALLS, key, launch)
+    launch, grid_merge = launch
     try:
         launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
-               float(softmax_scale))
+               float(softmax_scale), grid_merge)
     except (ValueError, TypeError):
         # The compiled function refused an argument (device, dtype, alignment): name it as the API does.
         _check(*args, softmax_scale, causal, pipeline, launcher=False)

@@ -53,23 +53,80 @@ def _require_kernel(variant: str) -> None:
         raise NotImplementedError(f"pipeline {variant!r} has no kernel yet; available: {available_variants()}")
 
 
+GRID_SYNC_WORDS = 1
+"""Words after lse_accum in the workspace: the in-grid merge's generation word (split_k.grid_sync)."""
+
+
 def workspace_numel(batch_size: int, num_parts: int, rows: int) -> int:
-    """fp32 elements of the split-kv workspace ``run_decode`` takes: ``(b + num_parts) * rows * 513``
-    (``o_accum [b + num_parts, rows, 512]`` then ``lse_accum [b + num_parts, rows]``, one buffer;
-    ``rows = s_q * h_q``). See docs/interfaces.md, "Workspace"."""
+    """fp32 elements of the split-kv workspace ``run_decode`` takes: ``(b + num_parts) * rows * 513 + 1``
+    (``o_accum [b + num_parts, rows, 512]`` then ``lse_accum [b + num_parts, rows]``, then the in-grid
+    merge's generation word, one buffer; ``rows = s_q * h_q``). See docs/interfaces.md, "Workspace"."""
     from split_k.planner import workspace_shapes  # the one definition of the two shapes
 
     o_shape, lse_shape = workspace_shapes(batch_size, num_parts, rows)
-    return o_shape[0] * o_shape[1] * o_shape[2] + lse_shape[0] * lse_shape[1]
+    return o_shape[0] * o_shape[1] * o_shape[2] + lse_shape[0] * lse_shape[1] + GRID_SYNC_WORDS
+
+
+GRID_MERGE_ENV_VAR = "MLA_GRID_MERGE"
+"""``MLA_GRID_MERGE``: unset or ``1``: the decode merges split-kv in its own grid where it can
+(``grid_merge_flag``); ``0``/``off``: always the separate merge kernel."""
+GRID_MERGE_VARIANTS = ("2wg",)
+"""Variants whose kernels merge in their grid (``in_grid_merge`` on the kernel classes; a CPU test
+checks that the two agree)."""
+_SM_COUNTS: dict = {}
+
+
+def grid_merge_setting(value: str | None = None) -> bool:
+    """The ``MLA_GRID_MERGE`` setting (``value``, else the environment). Raises ``ValueError`` naming
+    the variable for anything but unset, ``""``, ``0``, ``1``, ``off``, ``on``."""
+    import os
+
+    raw = os.environ.get(GRID_MERGE_ENV_VAR) if value is None else value
+    text = "1" if raw is None or raw.strip() == "" else raw.strip().lower()
+    if text in ("1", "on"):
+        return True
+    if text in ("0", "off"):
+        return False
+    raise ValueError(f"{GRID_MERGE_ENV_VAR} must be 0, 1, off or on, got {raw!r}")
+
+
+def device_sm_count(device) -> int:
+    """Multiprocessor count of a CUDA ``device`` (cached per device index); 0 for any other device
+    (nothing runs a grid there: no in-grid merge)."""
+    import torch
+
+    if device.type != "cuda":
+        return 0
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    n = _SM_COUNTS.get(index)
+    if n is None:
+        n = _SM_COUNTS[index] = torch.cuda.get_device_properties(index).multi_processor_count
+    return n
+
+
+def grid_merge_flag(variant: str, rows_per_kv: int, num_heads_k: int, split_cluster: int, num_parts: int,
+                    sm_count: int, setting: bool = True) -> int:
+    """The decode entry's ``grid_merge`` argument for a call: 1 when its kernel merges split-kv in its
+    own grid (no merge kernel launched), else 0. Needs the variant's kernel to do it
+    (``GRID_MERGE_VARIANTS``), no split cluster, ``MLA_GRID_MERGE`` on (``setting``) and a grid of at
+    most ``sm_count`` CTAs (``ceil(rows_per_kv / 64)`` m-blocks x ``num_parts`` x ``num_heads_k``):
+    one CTA per SM, all resident at once, which the grid barrier needs (the launch is cooperative, so
+    a grid the GPU cannot hold at once is refused by the driver rather than left waiting). A plan for
+    the device's own SM count (the default) always fits; one made for more SMs does not."""
+    if not setting or variant not in GRID_MERGE_VARIANTS or split_cluster != 1:
+        return 0
+    ctas = -(-rows_per_kv // 64) * num_parts * num_heads_k
+    return int(ctas <= sm_count)
 
 
 def decode_launcher(variant: str, dtype, num_heads_q: int, seqlen_q: int, page_size: int, causal: bool,
                     num_heads_k: int = 1, multicast: bool | None = None, partial=None, split_cluster: int = 1):
     """The compiled decode of one static configuration, from memory, the on-disk kernel cache, or a
     fresh compile (seconds, once per machine). Returns a callable ``(q, k_cache, block_table,
-    cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace, softmax_scale)`` that
-    launches the decode kernel and the split-kv merge on the current torch stream, with no host
-    synchronisation and no allocation. Inputs must already be validated by ``mla``.
+    cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace, softmax_scale,
+    grid_merge)`` that launches the decode kernel and the split-kv merge (``grid_merge`` 1: in the
+    decode's grid, ``grid_merge_flag``) on the current torch stream, with no host synchronisation and
+    no allocation. Inputs must already be validated by ``mla``.
     ``multicast``: allow a TMA multicast cluster; None reads ``MLA_MULTICAST`` now.
     ``partial``: dtype of the split-kv partials, ``"float32"``, ``"input"`` (q's dtype) or that dtype;
     None reads ``MLA_PARTIAL_DTYPE`` now (default: the input dtype). ``split_cluster``: the plan's
@@ -90,10 +147,14 @@ def run_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_m
     """Launch the decode kernel of ``variant`` and the split-kv merge on the current torch stream
     (``decode_launcher`` for the configuration of these tensors, then one call)."""
     from split_k.planner import split_cluster
+    cluster = split_cluster(q.shape[0], tile_scheduler_metadata.shape[0])
     launch = decode_launcher(variant, q.dtype, q.shape[2], q.shape[1], k_cache.shape[1], causal, k_cache.shape[2],
-                             split_cluster=split_cluster(q.shape[0], tile_scheduler_metadata.shape[0]))
+                             split_cluster=cluster)
+    h_kv = k_cache.shape[2]
+    flag = grid_merge_flag(variant, q.shape[1] * q.shape[2] // h_kv, h_kv, cluster, tile_scheduler_metadata.shape[0],
+                           device_sm_count(q.device), grid_merge_setting())
     launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
-           float(softmax_scale))
+           float(softmax_scale), flag)
 
 
 def run_planner(cache_seqlens, tile_scheduler_metadata, num_splits, split_cluster: int = 1):

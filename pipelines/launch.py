@@ -210,6 +210,7 @@ def entry_args(config: DecodeConfig) -> tuple:
                          assumed_align=4),
         make_fake_tensor(f32, (cute.sym_int32(),), (1,), assumed_align=16),
         f32(1.0),
+        cutlass.Int32(0),
         cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True),
     )
 
@@ -240,19 +241,35 @@ class DecodeEntry:
                           multicast=c.cluster > 1, split_cluster=c.split_cluster)
         self.partial_dtype = cutlass.Float32 if c.partial == "float32" else cdt
         self.merge = SplitMerge(cdt, c.num_heads_q, c.seqlen_q, self.partial_dtype)
+        self.decode.merger = self.merge  # used where the kernel merges in its grid (grid_merges)
 
     @cute.jit
     def __call__(self, q: cute.Tensor, k_cache: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,
                  tile_scheduler_metadata: cute.Tensor, num_splits: cute.Tensor, out: cute.Tensor, lse: cute.Tensor,
-                 workspace: cute.Tensor, softmax_scale: cutlass.Float32, stream: cuda.CUstream):
-        o_accum, lse_accum = self.workspace_views(q, tile_scheduler_metadata, workspace)
-        self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
-                    o_accum, lse_accum, softmax_scale, stream)
-        # Second stage: requests with one chunk were written by the main kernel; the merge skips them.
-        # Chained by programmatic dependent launch: the main kernel lets it be scheduled as soon as
-        # every main CTA runs, so its launch overlaps the main kernel instead of following it.
-        self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, self.merge_tiles(block_table),
-                   stream, use_pdl=True)
+                 workspace: cute.Tensor, softmax_scale: cutlass.Float32, grid_merge: cutlass.Int32,
+                 stream: cuda.CUstream):
+        """``grid_merge`` != 0: the decode kernel merges the split requests in its own grid (a
+        cooperative launch, no merge kernel; only where the kernel ``grid_merges()``, else ignored). The
+        caller passes it only for a grid that fits the GPU at once (``pipelines.grid_merge_fits``)."""
+        o_accum, lse_accum, gen = self.workspace_views(q, tile_scheduler_metadata, workspace)
+        merge_tiles = self.merge_tiles(block_table)
+        if cutlass.const_expr(self.decode.grid_merges()):
+            merge_y = self.merge.in_grid_y(merge_tiles, num_splits.shape[0] - 1, tile_scheduler_metadata.shape[0])
+            self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
+                        o_accum, lse_accum, softmax_scale, grid_merge, merge_y, self.merge.out_rows(out), lse,
+                        o_accum, lse_accum, gen, stream)
+            if grid_merge == 0:
+                self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, merge_tiles, stream,
+                           use_pdl=True)
+        else:
+            self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
+                        o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1), out, lse,
+                        o_accum, lse_accum, gen, stream)
+            # Second stage: requests with one chunk were written by the main kernel; the merge skips
+            # them. Chained by programmatic dependent launch: the main kernel lets it be scheduled as
+            # soon as every main CTA runs, so its launch overlaps the main kernel instead of following it.
+            self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, merge_tiles, stream,
+                       use_pdl=True)
 
     @cute.jit
     def merge_tiles(self, block_table: cute.Tensor):
@@ -262,7 +279,8 @@ class DecodeEntry:
 
     @cute.jit
     def workspace_views(self, q: cute.Tensor, tile_scheduler_metadata: cute.Tensor, workspace: cute.Tensor):
-        """``(o_accum [n, rows, 512], lse_accum [n, rows])`` views of the one workspace buffer."""
+        """``(o_accum [n, rows, 512], lse_accum [n, rows], gen [1])`` views of the one workspace buffer
+        (``gen``: the in-grid merge's generation word, int32, right after lse_accum)."""
         rows = self.rows
         n = tile_scheduler_metadata.shape[0] + q.shape[0]  # b + num_parts: bounds num_splits[b]
         # The split stride is a 64-bit value (b * rows * 512 can pass 2^31 elements) that the
@@ -278,7 +296,9 @@ class DecodeEntry:
             (n, rows, HEAD_DIM_V), stride=(split_stride, row_stride, 1)))
         lse_accum = cute.make_tensor(workspace.iterator + cutlass.Int64(n) * (rows * HEAD_DIM_V), cute.make_layout(
             (n, rows), stride=(rows, 1)))
-        return o_accum, lse_accum
+        gen = cute.make_tensor(cute.recast_ptr(workspace.iterator + cutlass.Int64(n) * (rows * (HEAD_DIM_V + 1)),
+                                               dtype=cutlass.Int32), cute.make_layout(1))
+        return o_accum, lse_accum, gen
 
 
 def compile_entry(config: DecodeConfig, options: str | None = None, kernel_class=None):

@@ -26,6 +26,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass._mlir.dialects import llvm
 
 from pipelines import layouts, paged_kv, softmax
+from split_k import grid_sync, merge_kernel
+from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, GRID_COUNT_COLUMN
 from split_k.planner import split_groups as split_groups_expr
 
 SPLIT_CLUSTERS = (1, 2, 4, 8)
@@ -78,6 +80,13 @@ class MLADecodeBase:
     # complete. Back-to-back decodes then overlap the launch and the prologue (barrier init, descriptor
     # prefetch) with the previous call's tail. A class constant like lazy_rescale (an A/B sets it False).
     dependent_launch = True
+    # In-grid split-kv merge (``grid_merge``): with a cooperative launch, the CTAs wait for each other
+    # on a grid barrier once their partials are stored and merge the split requests themselves, so the
+    # call launches no merge kernel. A variant opts in where its 256 threads are the merge's 8 warps and
+    # it keeps every register after its roles (no setmaxnreg); ``DecodeEntry`` then sets ``merger`` (the
+    # ``split_k.merge_kernel.SplitMerge`` whose ``merge_slot`` the CTAs run). A class constant.
+    in_grid_merge = False
+    merger = None
     # Rows of Q's shared-memory tile and TMA box: one wgmma M. A variant that serves fewer query rows
     # per CTA (the narrow 2wg kernel, 16 or 32) loads and keeps only those, which frees shared memory.
     q_tile_rows = BLOCK_M
@@ -120,13 +129,18 @@ class MLADecodeBase:
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mBlockTable: cute.Tensor, mSeqlens: cute.Tensor,
                  mMeta: cute.Tensor, mNumSplits: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  mOaccum: cute.Tensor, mLSEaccum: cute.Tensor, softmax_scale: Float32,
-                 stream: cuda.CUstream):
+                 grid_merge: Int32, merge_y: Int32, mMergeO: cute.Tensor, mMergeLSE: cute.Tensor,
+                 mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor, mGen: cute.Tensor, stream: cuda.CUstream):
         """Inputs (torch tensors as the API holds them, last dim contiguous):
         mQ [b, s_q, h_q, 576] when h_kv == 1, else the grouped copy [b, h_kv, rows, 576];
         mK [num_pages, page_size, h_kv, 576]; mBlockTable [b, max_pages] i32; mSeqlens [b] i32;
         mMeta [num_parts, 8] i32; mNumSplits [b + 1] i32; mO [b, s_q, h_q, 512]; mLSE [b, h_q, s_q] f32;
         mOaccum [splits, s_q * h_q, 512] f32 and mLSEaccum [splits, s_q * h_q] f32 (workspace rows in
         out's row order, s_idx * h_q + head, whatever h_kv).
+        ``grid_merge`` != 0 (only where ``grid_merges()``): launch cooperatively and merge the split
+        requests in this grid (``grid_merge``): ``merge_y`` is the merge's grid extent ``Y``, ``mMerge*``
+        the merge kernel's views (out as ``[b, rows, 512]``, lse, o_accum, lse_accum as the workspace
+        holds them) and ``mGen`` the grid barrier's generation word (``split_k.grid_sync``).
         """
         dtype = self.dtype
         # Kernel views: the contiguous dim where wgmma/TMA want it, the kv head as its own mode.
@@ -172,7 +186,8 @@ class MLADecodeBase:
         if const_expr(self.split_cluster > 1):
             parts = split_groups_expr(mMeta.shape[0], self.split_cluster) * self.split_cluster
         self.kernel(tma_q, mQ_tma, tma_k, mK_load, mBlockTable, mSeqlens, mMeta, mNumSplits, mO, mLSE,
-                    mOaccum, mLSEaccum, scale_log2, sQ_layout, sK_layout, sP_layout).launch(
+                    mOaccum, mLSEaccum, scale_log2, sQ_layout, sK_layout, sP_layout, grid_merge, merge_y, mMergeO, mMergeLSE,
+                    mMergeOaccum, mMergeLSEaccum, mGen).launch(
             grid=[self.num_m_blocks, parts, self.h_kv],
             block=[self.num_threads, 1, 1],
             # The m-block CTAs of one plan part (same chunks, same K tiles) form a cluster along x;
@@ -182,6 +197,9 @@ class MLADecodeBase:
             stream=stream,
             min_blocks_per_mp=1,
             use_pdl=self.dependent_launch,
+            # The grid barrier needs every CTA resident at once: a cooperative launch makes the driver
+            # refuse a grid that cannot be (an error, never a hang).
+            cooperative=grid_merge != 0,
         )
 
     def shared_storage_struct(self, dtype, sQ_layout, sK_layout, sP_layout):
@@ -220,6 +238,11 @@ class MLADecodeBase:
     def any_cluster(self) -> bool:
         return self.cluster > 1 or self.split_cluster > 1
 
+    def grid_merges(self) -> bool:
+        """Whether this kernel can merge in its grid (``in_grid_merge``, a merger set, 256 threads, no
+        split cluster: a split cluster merges in its own epilogue)."""
+        return self.in_grid_merge and self.merger is not None and self.num_threads == 256 and self.split_cluster == 1
+
     @cute.jit
     def cluster_start_wait(self):
         """The start's cluster barrier wait, where ``late_cluster_start_wait`` put it in the roles: every
@@ -255,7 +278,8 @@ class MLADecodeBase:
                mBlockTable: cute.Tensor, mSeqlens: cute.Tensor, mMeta: cute.Tensor, mNumSplits: cute.Tensor,
                mO: cute.Tensor, mLSE: cute.Tensor, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor,
                scale_log2: Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sP_layout: cute.ComposedLayout):
+               sP_layout: cute.ComposedLayout, grid_merge: Int32, merge_y: Int32, mMergeO: cute.Tensor,
+               mMergeLSE: cute.Tensor, mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor, mGen: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, part, kv_head = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -314,6 +338,53 @@ class MLADecodeBase:
             if const_expr(not self.arrives_early()):
                 cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
+        if const_expr(self.grid_merges()):
+            if grid_merge != 0:
+                self.grid_merge(tidx, m_block, part, kv_head, mMeta, mNumSplits, storage, merge_y, mMergeO,
+                                mMergeLSE, mMergeOaccum, mMergeLSEaccum, mGen)
+
+    @cute.jit
+    def grid_merge(self, tidx: Int32, m_block: Int32, part: Int32, kv_head: Int32, mMeta: cute.Tensor,
+                   mNumSplits: cute.Tensor, storage, merge_y: Int32, mMergeO: cute.Tensor, mMergeLSE: cute.Tensor,
+                   mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor, mGen: cute.Tensor):
+        """The split-kv merge in this grid (``in_grid_merge``), after the CTA's roles stored its outputs.
+
+        Grid cell ``(part, y)`` of the merge kernel's ``[num_parts, Y]`` grid (``SplitMerge.merge_slot``)
+        goes to the CTAs of plan part ``part``: CTA ``m_block + kv_head * num_m_blocks`` takes every
+        ``y`` from it in steps of ``num_m_blocks * h_kv``. Every CTA counts itself on the grid barrier
+        (``split_k.grid_sync``: the plan's reserved word ``[0, GRID_COUNT_COLUMN]`` and the workspace's
+        generation word); only a CTA with merge work (its part begins a continuation chunk and it has a
+        ``y``) waits for the others, and the CTA's threads then merge. P's tile, unused from here on,
+        holds the merge's shared memory (4 KB of the 8).
+        """
+        nx, ny, nz = cute.arch.grid_dim()
+        first_y = kv_head * self.num_m_blocks + m_block
+        begin_split = mMeta[part, BEGIN_SPLIT]
+        r = mMeta[part, BEGIN_REQ]
+        works = Int32(0)
+        if begin_split >= 1:
+            if first_y < merge_y:
+                works = Int32(1)
+        # Every thread's stores of this CTA (out, lse, partials) come before thread 0's arrival, whose
+        # release covers them (the CTA barrier orders them before it; the release is cumulative).
+        cute.arch.sync_threads()
+        gen_addr = mGen.iterator.toint()
+        if tidx == 0:
+            gen, last = grid_sync.arrive((mMeta.iterator + GRID_COUNT_COLUMN).toint(), gen_addr, nx * ny * nz)
+            if works != 0:
+                if last == 0:
+                    grid_sync.wait(gen_addr, gen)
+        if works != 0:
+            cute.arch.sync_threads()  # thread 0's acquire, then every thread's reads of the partials
+            warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
+            f32 = cute.recast_ptr(storage.sP.data_ptr(), dtype=Float32)
+            sAcc = cute.make_tensor(f32, cute.make_layout((merge_kernel.CHUNK, merge_kernel.WARPS)))
+            sM = cute.make_tensor(f32 + merge_kernel.CHUNK * merge_kernel.WARPS, cute.make_layout(merge_kernel.WARPS))
+            sS = cute.make_tensor(f32 + (merge_kernel.CHUNK + 1) * merge_kernel.WARPS,
+                                  cute.make_layout(merge_kernel.WARPS))
+            for y in cutlass.range(first_y, merge_y, nx * nz, unroll=1):
+                self.merger.merge_slot(r, begin_split, y, merge_y, warp, tidx % 32, sAcc, sM, sS, mMergeOaccum,
+                                       mMergeLSEaccum, mNumSplits, mMergeO, mMergeLSE, self.merger.max_loads, False)
 
     def make_pipelines(self, storage):
         """Q (``make_q_pipeline``) and K: ``kv_stages`` stages built by the loader; consumers = every

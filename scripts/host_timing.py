@@ -82,6 +82,7 @@ def eager(args) -> int:
     lse = torch.empty(args.b, args.h_q, 1, device="cuda")
     ws = torch.empty(pipelines.workspace_numel(args.b, meta.shape[0], args.h_q), device="cuda")
     launch = pipelines.decode_launcher("2wg", torch.bfloat16, args.h_q, 1, 64, False, 1)
+    gm = dec._launch_for(dec._planned)[1]  # the decoder's grid_merge argument (in-grid merge or not)
     scale = 576 ** -0.5
     q, k, bt, sl = inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens
     calls = {
@@ -89,8 +90,9 @@ def eager(args) -> int:
         "flash_mla_with_kvcache (metadata once)": lambda: mla.flash_mla_with_kvcache(q, k, bt, sl, 512, meta, splits),
         "torch.ops.mla.decode (eager)": lambda: torch.ops.mla.decode(q, k, bt, sl, meta, splits, out, lse, ws, scale,
                                                                      False, "2wg"),
-        "compiled launch alone (TVM-FFI call)": lambda: launch(q, k, bt, sl, meta, splits, out, lse, ws, scale),
-        "compiled launch, decode without PDL": lambda: no_pdl(q, k, bt, sl, meta, splits, out, lse, ws, scale),
+        "compiled launch alone (TVM-FFI call)": lambda: launch(q, k, bt, sl, meta, splits, out, lse, ws, scale, gm),
+        "compiled launch, merge kernel": lambda: launch(q, k, bt, sl, meta, splits, out, lse, ws, scale, 0),
+        "compiled launch, decode without PDL": lambda: no_pdl(q, k, bt, sl, meta, splits, out, lse, ws, scale, gm),
     }
     no_pdl = _no_pdl_launch(args.h_q)
     # flash_mla_with_kvcache once more with its workspace allocated per call (MLA_WORKSPACE_CACHE=0),
@@ -226,7 +228,8 @@ def pieces(args) -> int:
         "torch.empty out (device object)": lambda: torch.empty(call.out_shape, dtype=call.dtype, device=dev),
         "q.new_empty out": lambda: q.new_empty(call.out_shape, dtype=call.dtype),
         "torch.empty workspace": lambda: torch.empty(call.workspace_numel, dtype=torch.float32, device=dev),
-        "compiled launch": lambda: call.launch(q, k, bt, sl, meta, splits, out, lse, ws, call.softmax_scale),
+        "compiled launch": lambda: call.launch(q, k, bt, sl, meta, splits, out, lse, ws, call.softmax_scale,
+                                               call.grid_merge),
         "torch add_ (4-element CUDA tensor)": lambda: tiny.add_(1.0),
     }
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; b{args.b} s_q1 h{args.h_q} seqlen "

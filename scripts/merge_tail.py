@@ -6,8 +6,10 @@
 For each config one ``MLADecoder`` is planned as usual; then the decode kernel is compiled again
 behind entries that differ only in what follows it, and each is captured in its own graph:
 
-- ``merge``: the library's entry (decode, then the merge kernel chained by programmatic dependent
-  launch);
+- ``merge``: the library's entry with ``grid_merge`` 0 (decode, then the merge kernel chained by
+  programmatic dependent launch);
+- ``grid``: the library's entry with ``grid_merge`` 1 (the decode merges in its own grid, launched
+  cooperatively: no merge kernel; the variant must support it, ``pipelines.GRID_MERGE_VARIANTS``);
 - ``merge-nopdl``: the same merge kernel launched plainly (it starts after the decode grid ends);
 - ``none``: the decode kernel alone (the output of split requests is left unmerged: timing only);
 - ``wait``: an empty grid of ``num_parts`` CTAs launched with PDL whose CTAs only execute
@@ -34,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 CONFIGS = ((64, 1, 1, 16, 1024), (64, 1, 1, 16, 16384), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096),
            (64, 128, 1, 128, 4096))
-MODES = ("merge", "merge-nopdl", "merge-l8", "merge-y2", "merge-old", "none", "wait", "exit")
-DEFAULT_MODES = ("merge", "merge-nopdl", "none", "wait", "exit")
+MODES = ("merge", "grid", "merge-nopdl", "merge-l8", "merge-y2", "merge-old", "none", "wait", "exit")
+DEFAULT_MODES = ("merge", "grid", "merge-nopdl", "none", "wait", "exit")
 
 
 import cutlass  # noqa: E402
@@ -94,10 +96,11 @@ class ModeEntry(DecodeEntry):
 
     @cute.jit
     def __call__(self, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
-                 workspace, softmax_scale, stream):
-        o_accum, lse_accum = self.workspace_views(q, tile_scheduler_metadata, workspace)
+                 workspace, softmax_scale, grid_merge, stream):
+        o_accum, lse_accum, gen = self.workspace_views(q, tile_scheduler_metadata, workspace)
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
-                    o_accum, lse_accum, softmax_scale, stream)
+                    o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1), out, lse, o_accum,
+                    lse_accum, gen, stream)
         max_tiles = self.merge_tiles(block_table)
         if cutlass.const_expr(self.mode in ("merge-l8", "merge-y2")):
             self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, max_tiles, stream,
@@ -126,8 +129,8 @@ def measure(cfg, variant: str, replays: int, entry_cls, compiled: dict, modes=DE
                                paged_kv.multicast_enabled(), partial_from_env(), dec._info.split_cluster)
     fns = {}
     for mode in modes:
-        if mode == "merge":
-            fns[mode] = dec._launches[variant]
+        if mode in ("merge", "grid"):
+            fns[mode] = (dec._launches[variant], int(mode == "grid"))
         else:
             key = (config, mode)
             if key not in compiled:
@@ -136,7 +139,7 @@ def measure(cfg, variant: str, replays: int, entry_cls, compiled: dict, modes=DE
     graphs, outs = bench.capture_entries(fns, inp, dec)
     # The merge modes must agree (same kernels, PDL or not): a cheap guard that the entries are right.
     diffs = {}
-    for mode in [m for m in modes if m.startswith("merge-")]:
+    for mode in [m for m in modes if m.startswith("merge-") or m == "grid"]:
         d = (outs["merge"].float() - outs[mode].float()).abs()
         diffs[mode] = (float(d.nan_to_num(nan=float("inf")).max()), int(outs[mode].isnan().sum()))
     print(f"    max |out - merge's out|, NaN count: {diffs}", flush=True)

@@ -65,7 +65,7 @@ import math
 import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
-from cutlass import Float32, Int32
+from cutlass import Float32, Int32, const_expr
 
 from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, BLOCK_N, FIXED_COST
 
@@ -187,15 +187,8 @@ class SplitMerge:
         self.shared_storage = SharedStorage
         batch = mNumSplits.shape[0] - 1
         num_parts = mMeta.shape[0]
-        # out [b, s_q, h_q, 512] -> [b, rows, 512]: row s_idx * h_q + head is at s_idx * stride(1) +
-        # head * stride(2) = row * stride(2), because the API checked stride(1) == h_q * stride(2).
-        mO = cute.make_tensor(mO.iterator, cute.make_layout(
-            (mO.shape[0], self.rows, HEAD_DIM_V), stride=(mO.stride[0], mO.stride[2], 1)))
-        # n_est as ``estimated_chunks`` computes it from the shapes.
-        t = cutlass.max(max_tiles, Int32(1))
-        target = (cutlass.max(batch, Int32(1)) * (t + FIXED_COST) + num_parts - 1) // cutlass.max(num_parts, Int32(1))
-        n_est = cutlass.max(cutlass.min((t + target - 1) // target, num_parts // cutlass.max(batch, Int32(1))),
-                            Int32(2))
+        mO = self.out_rows(mO)
+        n_est = self.n_est(max_tiles, batch, num_parts)
         # Two kernels with 16-bit partials, chosen per launch from the shapes (so a graph keeps its
         # choice): 16 splits per warp and round where requests have many chunks (one round where 8
         # took two, and fewer units per slot), 8 where they have few (62 registers instead of 98:
@@ -209,6 +202,28 @@ class SplitMerge:
         else:
             self.launch(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl, n_est,
                         LOADS_NARROW)
+
+    @cute.jit
+    def out_rows(self, mO: cute.Tensor) -> cute.Tensor:
+        """out [b, s_q, h_q, 512] as [b, rows, 512]: row s_idx * h_q + head is at s_idx * stride(1) +
+        head * stride(2) = row * stride(2), because the API checked stride(1) == h_q * stride(2)."""
+        return cute.make_tensor(mO.iterator, cute.make_layout(
+            (mO.shape[0], self.rows, HEAD_DIM_V), stride=(mO.stride[0], mO.stride[2], 1)))
+
+    @cute.jit
+    def n_est(self, max_tiles: Int32, batch: Int32, num_parts: Int32) -> Int32:
+        """``n_est`` as ``estimated_chunks`` computes it from the shapes (host code)."""
+        t = cutlass.max(max_tiles, Int32(1))
+        target = (cutlass.max(batch, Int32(1)) * (t + FIXED_COST) + num_parts - 1) // cutlass.max(num_parts, Int32(1))
+        return cutlass.max(cutlass.min((t + target - 1) // target, num_parts // cutlass.max(batch, Int32(1))),
+                           Int32(2))
+
+    @cute.jit
+    def in_grid_y(self, max_tiles: Int32, batch: Int32, num_parts: Int32) -> Int32:
+        """``Y`` of the in-grid merge (``merge_slot`` run by the decode CTAs after a grid barrier): the
+        grid's second extent for ``max_loads`` splits per round, whatever ``n_est``: there the decode
+        kernel's one CTA per SM sets the occupancy, not the merge's registers."""
+        return self._grid_y(self.n_est(max_tiles, batch, num_parts), self.max_loads)
 
     @cute.jit
     def launch(self, mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl: cutlass.Constexpr[bool],
@@ -244,7 +259,6 @@ class SplitMerge:
         _, grid_y, _ = cute.arch.grid_dim()
         warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         lane = tidx % 32
-        rows = self.rows
         # The next decode (launched with programmatic dependent launch) may be scheduled now: it waits
         # in its own griddepcontrol.wait for this grid to complete before touching global memory.
         cute.arch.griddepcontrol_launch_dependents()
@@ -252,110 +266,124 @@ class SplitMerge:
         begin_split = mMeta[part, BEGIN_SPLIT]
         r = mMeta[part, BEGIN_REQ]
         if begin_split >= 1:  # this part begins chunk begin_split of a split request: one of its slots
-            base = mNumSplits[r]
-            n = mNumSplits[r + 1] - base
-            slots = n - 1
-            slot = begin_split - 1
-            groups = self._split_groups(n, loads)
-            per_unit = WARPS // groups  # row-chunks per unit
-            units = (rows * CHUNKS + per_unit - 1) // per_unit
-            group = warp % groups
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-            sAcc = storage.acc.get_tensor(cute.make_layout((CHUNK, WARPS)))
-            sM = storage.m.get_tensor(cute.make_layout(WARPS))
-            sS = storage.s.get_tensor(cute.make_layout(WARPS))
-            rPart = cute.make_rmem_tensor((LANE_COLS, loads), self.partial_dtype)
-            rLse = cute.make_rmem_tensor(loads, Float32)
-            acc = cute.make_rmem_tensor(LANE_COLS, Float32)
-
-            cute.arch.griddepcontrol_wait()  # partials and lse_accum come from the main kernel
-            for unit in cutlass.range(cta_y * slots + slot, units, grid_y * slots, unroll=1):
-                rc = unit * per_unit + warp // groups  # this warp's row-chunk
-                row = rc // CHUNKS
-                col0 = (rc % CHUNKS) * CHUNK + lane * LANE_COLS
-                active = rc < rows * CHUNKS
-                # Online softmax over this warp's splits, in log2 units; m = -inf until a split with a key.
-                m = -Float32.inf
-                total = Float32(0.0)
-                acc.fill(0.0)
-                if active:
-                    # Warp ``group`` takes splits [group * L, group * L + L) of each block of G * L
-                    # splits: consecutive splits, so a round's addresses are one base plus constant
-                    # offsets (the split stride is static) instead of L 64-bit addresses.
-                    split_elems = rows * HEAD_DIM_V  # o_accum's split stride (DecodeEntry's layout)
-                    for i0 in cutlass.range(group * loads, n, groups * loads, unroll=1):
-                        # The round's L partial slices: one 64-bit base, static offsets per split.
-                        offset = cute.assume(cutlass.Int64(base + i0) * split_elems + Int32(row * HEAD_DIM_V + col0),
-                                             divby=LANE_COLS)
-                        gRound = cute.make_tensor(mOaccum.iterator + offset, cute.make_layout(
-                            (LANE_COLS, loads), stride=(1, split_elems)))
-                        # Issue every load of the round (lse and partial) before using any. The lse
-                        # values stay in natural-log units until the round's max is known: scaled to
-                        # log2 on load, ptxas put each multiply right behind its load, inside the
-                        # load's predicate, so every lse load waited for the previous one.
-                        for k in cutlass.range_constexpr(loads):
-                            i = i0 + k
-                            rLse[k] = -Float32.inf
-                            if i < n:
-                                cute.autovec_copy(gRound[None, k], rPart[None, k])
-                                rLse[k] = mLSEaccum[base + i, row]
-                        round_max = -Float32.inf
-                        for k in cutlass.range_constexpr(loads):
-                            round_max = cute.arch.fmax(round_max, rLse[k])
-                        m_new = cute.arch.fmax(m, round_max * Float32(LOG2E))
-                        if m_new != -Float32.inf:  # else nothing seen yet: acc, total stay 0
-                            rescale = cute.math.exp2(m - m_new, fastmath=True)  # 0 when m = -inf
-                            total *= rescale
-                            for c in cutlass.range_constexpr(LANE_COLS):
-                                acc[c] *= rescale
-                            for k in cutlass.range_constexpr(loads):
-                                if rLse[k] != -Float32.inf:  # a chunk without a key may hold anything
-                                    w = cute.math.exp2(rLse[k] * Float32(LOG2E) - m_new, fastmath=True)
-                                    total += w
-                                    for c in cutlass.range_constexpr(LANE_COLS):
-                                        acc[c] += w * Float32(rPart[c, k])
-                            m = m_new
-                if groups > 1:
-                    # The row-chunk's warps combine (max, sum, acc) in shared memory.
-                    for c in cutlass.range_constexpr(LANE_COLS):
-                        sAcc[lane * LANE_COLS + c, warp] = acc[c]
-                    if lane == 0:
-                        sM[warp] = m
-                        sS[warp] = total
-                    cute.arch.sync_threads()
-                    if group == 0:
-                        m_all = m
-                        for g in cutlass.range(1, groups, unroll=1):
-                            m_all = cute.arch.fmax(m_all, sM[warp + g])
-                        if m_all != -Float32.inf:
-                            scale = cute.math.exp2(m - m_all, fastmath=True)
-                            total *= scale
-                            for c in cutlass.range_constexpr(LANE_COLS):
-                                acc[c] *= scale
-                            for g in cutlass.range(1, groups, unroll=1):
-                                scale_g = cute.math.exp2(sM[warp + g] - m_all, fastmath=True)
-                                total += scale_g * sS[warp + g]
-                                for c in cutlass.range_constexpr(LANE_COLS):
-                                    acc[c] += scale_g * sAcc[lane * LANE_COLS + c, warp + g]
-                        m = m_all
-                    cute.arch.sync_threads()  # shared memory is rewritten by the next unit
-                if active and group == 0:
-                    # Normalise and store; a row with no key in any chunk gets out 0, lse +inf.
-                    inv = Float32(0.0)
-                    lse = Float32.inf
-                    if total > Float32(0.0):
-                        inv = Float32(1.0) / total
-                        lse = (m + cute.math.log2(total, fastmath=True)) * Float32(LN2)
-                    rOut = cute.make_rmem_tensor(LANE_COLS, mO.element_type)
-                    for c in cutlass.range_constexpr(LANE_COLS):
-                        rOut[c] = (acc[c] * inv).to(mO.element_type)
-                    cute.autovec_copy(rOut, cute.local_tile(mO[r, row, None], (LANE_COLS,), (col0 // LANE_COLS,)))
-                    if rc % CHUNKS == 0:
-                        if lane == 0:
-                            mLSE[r, row % self.h_q, row // self.h_q] = lse
+            self.merge_slot(r, begin_split, cta_y, grid_y, warp, lane,
+                            storage.acc.get_tensor(cute.make_layout((CHUNK, WARPS))),
+                            storage.m.get_tensor(cute.make_layout(WARPS)), storage.s.get_tensor(cute.make_layout(WARPS)),
+                            mOaccum, mLSEaccum, mNumSplits, mO, mLSE, loads, True)
         elif part == 0 and cta_y == 0:
             # One CTA waits even when it has nothing to merge, so that this grid completes only after
             # the main kernel has: what follows in the stream (the next decode's griddepcontrol.wait,
             # any kernel reading out) then finds every output of the call written, whether or not the
             # hardware orders a dependent grid's completion after its primary's.
             cute.arch.griddepcontrol_wait()
+
+    @cute.jit
+    def merge_slot(self, r: Int32, begin_split: Int32, cta_y: Int32, grid_y: Int32, warp: Int32, lane: Int32,
+                   sAcc: cute.Tensor, sM: cute.Tensor, sS: cute.Tensor, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor,
+                   mNumSplits: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, loads: cutlass.Constexpr[int],
+                   pdl_wait: cutlass.Constexpr[bool]):
+        """The merge work of grid cell ``(part, cta_y)`` of a ``[num_parts, grid_y]`` grid whose part
+        begins chunk ``begin_split >= 1`` of request ``r`` (module docstring), by the CTA's 8 warps
+        (``sAcc`` ``(CHUNK, WARPS)``, ``sM``/``sS`` ``WARPS`` fp32 in shared memory). ``mO``: out as
+        ``[b, rows, 512]`` (``out_rows``). ``pdl_wait``: wait for the main kernel (griddepcontrol.wait)
+        before the first partial is read; the in-grid merge has waited on the grid barrier instead."""
+        rows = self.rows
+        base = mNumSplits[r]
+        n = mNumSplits[r + 1] - base
+        slots = n - 1
+        slot = begin_split - 1
+        groups = self._split_groups(n, loads)
+        per_unit = WARPS // groups  # row-chunks per unit
+        units = (rows * CHUNKS + per_unit - 1) // per_unit
+        group = warp % groups
+        rPart = cute.make_rmem_tensor((LANE_COLS, loads), self.partial_dtype)
+        rLse = cute.make_rmem_tensor(loads, Float32)
+        acc = cute.make_rmem_tensor(LANE_COLS, Float32)
+
+        if const_expr(pdl_wait):
+            cute.arch.griddepcontrol_wait()  # partials and lse_accum come from the main kernel
+        for unit in cutlass.range(cta_y * slots + slot, units, grid_y * slots, unroll=1):
+            rc = unit * per_unit + warp // groups  # this warp's row-chunk
+            row = rc // CHUNKS
+            col0 = (rc % CHUNKS) * CHUNK + lane * LANE_COLS
+            active = rc < rows * CHUNKS
+            # Online softmax over this warp's splits, in log2 units; m = -inf until a split with a key.
+            m = -Float32.inf
+            total = Float32(0.0)
+            acc.fill(0.0)
+            if active:
+                # Warp ``group`` takes splits [group * L, group * L + L) of each block of G * L
+                # splits: consecutive splits, so a round's addresses are one base plus constant
+                # offsets (the split stride is static) instead of L 64-bit addresses.
+                split_elems = rows * HEAD_DIM_V  # o_accum's split stride (DecodeEntry's layout)
+                for i0 in cutlass.range(group * loads, n, groups * loads, unroll=1):
+                    # The round's L partial slices: one 64-bit base, static offsets per split.
+                    offset = cute.assume(cutlass.Int64(base + i0) * split_elems + Int32(row * HEAD_DIM_V + col0),
+                                         divby=LANE_COLS)
+                    gRound = cute.make_tensor(mOaccum.iterator + offset, cute.make_layout(
+                        (LANE_COLS, loads), stride=(1, split_elems)))
+                    # Issue every load of the round (lse and partial) before using any. The lse
+                    # values stay in natural-log units until the round's max is known: scaled to
+                    # log2 on load, ptxas put each multiply right behind its load, inside the
+                    # load's predicate, so every lse load waited for the previous one.
+                    for k in cutlass.range_constexpr(loads):
+                        i = i0 + k
+                        rLse[k] = -Float32.inf
+                        if i < n:
+                            cute.autovec_copy(gRound[None, k], rPart[None, k])
+                            rLse[k] = mLSEaccum[base + i, row]
+                    round_max = -Float32.inf
+                    for k in cutlass.range_constexpr(loads):
+                        round_max = cute.arch.fmax(round_max, rLse[k])
+                    m_new = cute.arch.fmax(m, round_max * Float32(LOG2E))
+                    if m_new != -Float32.inf:  # else nothing seen yet: acc, total stay 0
+                        rescale = cute.math.exp2(m - m_new, fastmath=True)  # 0 when m = -inf
+                        total *= rescale
+                        for c in cutlass.range_constexpr(LANE_COLS):
+                            acc[c] *= rescale
+                        for k in cutlass.range_constexpr(loads):
+                            if rLse[k] != -Float32.inf:  # a chunk without a key may hold anything
+                                w = cute.math.exp2(rLse[k] * Float32(LOG2E) - m_new, fastmath=True)
+                                total += w
+                                for c in cutlass.range_constexpr(LANE_COLS):
+                                    acc[c] += w * Float32(rPart[c, k])
+                        m = m_new
+            if groups > 1:
+                # The row-chunk's warps combine (max, sum, acc) in shared memory.
+                for c in cutlass.range_constexpr(LANE_COLS):
+                    sAcc[lane * LANE_COLS + c, warp] = acc[c]
+                if lane == 0:
+                    sM[warp] = m
+                    sS[warp] = total
+                cute.arch.sync_threads()
+                if group == 0:
+                    m_all = m
+                    for g in cutlass.range(1, groups, unroll=1):
+                        m_all = cute.arch.fmax(m_all, sM[warp + g])
+                    if m_all != -Float32.inf:
+                        scale = cute.math.exp2(m - m_all, fastmath=True)
+                        total *= scale
+                        for c in cutlass.range_constexpr(LANE_COLS):
+                            acc[c] *= scale
+                        for g in cutlass.range(1, groups, unroll=1):
+                            scale_g = cute.math.exp2(sM[warp + g] - m_all, fastmath=True)
+                            total += scale_g * sS[warp + g]
+                            for c in cutlass.range_constexpr(LANE_COLS):
+                                acc[c] += scale_g * sAcc[lane * LANE_COLS + c, warp + g]
+                    m = m_all
+                cute.arch.sync_threads()  # shared memory is rewritten by the next unit
+            if active and group == 0:
+                # Normalise and store; a row with no key in any chunk gets out 0, lse +inf.
+                inv = Float32(0.0)
+                lse = Float32.inf
+                if total > Float32(0.0):
+                    inv = Float32(1.0) / total
+                    lse = (m + cute.math.log2(total, fastmath=True)) * Float32(LN2)
+                rOut = cute.make_rmem_tensor(LANE_COLS, mO.element_type)
+                for c in cutlass.range_constexpr(LANE_COLS):
+                    rOut[c] = (acc[c] * inv).to(mO.element_type)
+                cute.autovec_copy(rOut, cute.local_tile(mO[r, row, None], (LANE_COLS,), (col0 // LANE_COLS,)))
+                if rc % CHUNKS == 0:
+                    if lane == 0:
+                        mLSE[r, row % self.h_q, row // self.h_q] = lse

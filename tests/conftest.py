@@ -107,7 +107,7 @@ class FakeKernel:
         config = self.configs[-1]
 
         def launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
-                   softmax_scale):
+                   softmax_scale, grid_merge):
             check_entry_args(config, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
                              out, lse, workspace)
             b, s_q, h_q = q.shape[0], q.shape[1], q.shape[2]
@@ -117,7 +117,8 @@ class FakeKernel:
             o_accum, lse_accum = workspace_views(workspace, b, parts, s_q * h_q)
             self.calls.append(dict(variant=variant, q=q, tile_scheduler_metadata=tile_scheduler_metadata,
                                    num_splits=num_splits, out=out, lse=lse, workspace=workspace, o_accum=o_accum,
-                                   lse_accum=lse_accum, softmax_scale=softmax_scale, causal=causal))
+                                   lse_accum=lse_accum, softmax_scale=softmax_scale, causal=causal,
+                                   grid_merge=grid_merge))
             ref_out, ref_lse, ref_oacc, ref_lacc = split_decode_reference(
                 q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits,
                 softmax_scale=softmax_scale, causal=causal, block_n=planner_module.BLOCK_N * split_cluster)

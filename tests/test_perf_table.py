@@ -732,17 +732,18 @@ def test_capture_entries_gives_each_entry_its_own_outputs_and_the_decoders_plan(
     inp = types.SimpleNamespace(q=torch.zeros(3, 2, 16, 576, dtype=torch.bfloat16), k_cache="K", block_table="BT",
                                 cache_seqlens="L")
     dec = types.SimpleNamespace(_lse=torch.zeros(3, 16, 2), tile_scheduler_metadata="M", num_splits="N",
-                                _workspace="W", _scale=0.5)
+                                _workspace="W", _scale=0.5, _planned="P", _launch_for=lambda shape: ("launch", 1))
     calls = {}
 
     def entry(name):
         return lambda *args: calls.setdefault(name, args)
 
-    graphs, outs = bench.capture_entries({"a": entry("a"), "b": entry("b")}, inp, dec)
+    graphs, outs = bench.capture_entries({"a": entry("a"), "b": (entry("b"), 0)}, inp, dec)
     assert graphs == {"a": "graph", "b": "graph"}
-    for name in "ab":
-        q, k, bt, lens, meta, splits, out, lse, ws, scale = calls[name]
-        assert (q is inp.q, k, bt, lens, meta, splits, ws, scale) == (True, "K", "BT", "L", "M", "N", "W", 0.5)
+    for name, flag in (("a", 1), ("b", 0)):  # the decoder's grid_merge, or the one given with the entry
+        q, k, bt, lens, meta, splits, out, lse, ws, scale, grid_merge = calls[name]
+        assert (q is inp.q, k, bt, lens, meta, splits, ws, scale, grid_merge) == (
+            True, "K", "BT", "L", "M", "N", "W", 0.5, flag)
         assert out is outs[name] and out.shape == (3, 2, 16, 512) and out.dtype == torch.bfloat16
         assert lse.shape == (3, 16, 2) and lse is not dec._lse
     assert outs["a"] is not outs["b"] and calls["a"][7] is not calls["b"][7]
