@@ -263,8 +263,8 @@ class DecodeEntry:
                            use_pdl=True)
         else:
             self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
-                        o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1), out, lse,
-                        o_accum, lse_accum, gen, stream)
+                        o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1),
+                        self.merge.out_rows(out), lse, o_accum, lse_accum, gen, stream)
             # Second stage: requests with one chunk were written by the main kernel; the merge skips
             # them. Chained by programmatic dependent launch: the main kernel lets it be scheduled as
             # soon as every main CTA runs, so its launch overlaps the main kernel instead of following it.
