@@ -87,6 +87,12 @@ class MLADecodeBase:
     # ``split_k.merge_kernel.SplitMerge`` whose ``merge_slot`` the CTAs run). A class constant.
     in_grid_merge = False
     merger = None
+    # A/B switches of the in-grid merge (class constants like lazy_rescale): the cooperative launch
+    # (False: a plain launch; the grid still fits one wave by the API's rule, but nothing refuses one
+    # that does not), and the one-word barrier (``grid_sync.arrive_flip``: the plan's word alternates
+    # between 0 and 2^31 instead of returning to 0, and no generation word is written).
+    grid_merge_cooperative = True
+    grid_barrier_flip = False
     # Rows of Q's shared-memory tile and TMA box: one wgmma M. A variant that serves fewer query rows
     # per CTA (the narrow 2wg kernel, 16 or 32) loads and keeps only those, which frees shared memory.
     q_tile_rows = BLOCK_M
@@ -199,7 +205,7 @@ class MLADecodeBase:
             use_pdl=self.dependent_launch,
             # The grid barrier needs every CTA resident at once: a cooperative launch makes the driver
             # refuse a grid that cannot be (an error, never a hang).
-            cooperative=grid_merge != 0,
+            cooperative=grid_merge != 0 if const_expr(self.grid_merge_cooperative) else False,
         )
 
     def shared_storage_struct(self, dtype, sQ_layout, sK_layout, sP_layout):
@@ -369,11 +375,18 @@ class MLADecodeBase:
         # release covers them (the CTA barrier orders them before it; the release is cumulative).
         cute.arch.sync_threads()
         gen_addr = mGen.iterator.toint()
+        count_addr = (mMeta.iterator + GRID_COUNT_COLUMN).toint()
         if tidx == 0:
-            gen, last = grid_sync.arrive((mMeta.iterator + GRID_COUNT_COLUMN).toint(), gen_addr, nx * ny * nz)
-            if works != 0:
-                if last == 0:
-                    grid_sync.wait(gen_addr, gen)
+            if const_expr(self.grid_barrier_flip):
+                leader = (m_block == 0) & (part == 0) & (kv_head == 0)
+                before = grid_sync.arrive_flip(count_addr, nx * ny * nz, leader)
+                if works != 0:
+                    grid_sync.wait_flip(count_addr, before)
+            else:
+                gen, last = grid_sync.arrive(count_addr, gen_addr, nx * ny * nz)
+                if works != 0:
+                    if last == 0:
+                        grid_sync.wait(gen_addr, gen)
         if works != 0:
             cute.arch.sync_threads()  # thread 0's acquire, then every thread's reads of the partials
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())

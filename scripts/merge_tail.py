@@ -10,6 +10,8 @@ behind entries that differ only in what follows it, and each is captured in its 
   programmatic dependent launch);
 - ``grid``: the library's entry with ``grid_merge`` 1 (the decode merges in its own grid, launched
   cooperatively: no merge kernel; the variant must support it, ``pipelines.GRID_MERGE_VARIANTS``);
+- ``grid-nocoop``, ``grid-flip``, ``grid-flip-nocoop``: ``grid`` with a plain launch of the decode
+  (``grid_merge_cooperative = False``), with the one-word barrier (``grid_barrier_flip = True``), both;
 - ``merge-nopdl``: the same merge kernel launched plainly (it starts after the decode grid ends);
 - ``none``: the decode kernel alone (the output of split requests is left unmerged: timing only);
 - ``wait``: an empty grid of ``num_parts`` CTAs launched with PDL whose CTAs only execute
@@ -36,8 +38,8 @@ sys.path.insert(0, str(ROOT))
 
 CONFIGS = ((64, 1, 1, 16, 1024), (64, 1, 1, 16, 16384), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096),
            (64, 128, 1, 128, 4096))
-MODES = ("merge", "grid", "merge-nopdl", "merge-l8", "merge-y2", "merge-old", "none", "wait", "exit")
-DEFAULT_MODES = ("merge", "grid", "merge-nopdl", "none", "wait", "exit")
+MODES = ("merge", "grid", "grid-nocoop", "grid-flip", "grid-flip-nocoop", "merge-nopdl", "merge-l8", "merge-y2", "merge-old", "none", "wait", "exit")
+DEFAULT_MODES = ("merge", "grid", "grid-nocoop", "grid-flip", "grid-flip-nocoop", "merge-nopdl", "none", "wait", "exit")
 
 
 import cutlass  # noqa: E402
@@ -131,6 +133,14 @@ def measure(cfg, variant: str, replays: int, entry_cls, compiled: dict, modes=DE
     for mode in modes:
         if mode in ("merge", "grid"):
             fns[mode] = (dec._launches[variant], int(mode == "grid"))
+        elif mode.startswith("grid-"):
+            key = (config, mode)
+            if key not in compiled:
+                from pipelines.launch import _kernel_class, compile_entry
+                base = _kernel_class(variant, config)
+                consts = dict(grid_merge_cooperative="nocoop" not in mode, grid_barrier_flip="flip" in mode)
+                compiled[key] = compile_entry(config, kernel_class=type(f"{base.__name__}_{mode}", (base,), consts))
+            fns[mode] = (compiled[key], 1)
         else:
             key = (config, mode)
             if key not in compiled:

@@ -70,3 +70,23 @@ def wait(gen_addr: Int64, gen: Int32):
     seen = _load(gen_addr, "acquire")
     while seen == gen:
         seen = _load(gen_addr, "acquire")
+
+
+@cute.jit
+def arrive_flip(count_addr: Int64, expected: Int32, leader) -> Int32:
+    """The one-word form (an A/B of ``arrive``): each launch adds exactly 2^31 to ``count`` (the leader
+    CTA ``2^31 - (expected - 1)``, every other 1), so bit 31 flips exactly when the last CTA arrives,
+    with no reset and no second word; the word alternates between 0 and 2^31 from decode to decode.
+    Returns the value before this arrival (``wait_flip`` waits for its bit 31 to change)."""
+    add = Int32(1)
+    if leader:
+        add = Int32(-2147483648) - (expected - 1)  # 2^31 - (expected - 1) as a 32-bit pattern
+    return _atomic_add_acq_rel(count_addr, add)
+
+
+@cute.jit
+def wait_flip(count_addr: Int64, before: Int32):
+    """Spin until bit 31 of ``count`` differs from ``before``'s (every CTA arrived)."""
+    seen = _load(count_addr, "acquire")
+    while ((seen ^ before) & Int32(-2147483648)) == Int32(0):
+        seen = _load(count_addr, "acquire")
