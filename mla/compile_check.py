@@ -36,7 +36,7 @@ from dataclasses import dataclass
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 COUNTED = ("HGMMA", "HGMMA_NARROW", "HGMMA_WIDE", "WGMMA_WAIT", "UTMALDG", "UTMALDG_MULTICAST", "UTMAPF", "USETMAXREG", "LDGSTS", "CLUSTER_BAR",
-           "LD_DSMEM", "STG_128",
+           "LD_DSMEM", "STG_128", "GRID_BARRIER",
            "LDL", "STL")
 _PATTERNS = {
     "HGMMA": re.compile(r"\bHGMMA\b"),
@@ -57,6 +57,8 @@ _PATTERNS = {
     "LD_DSMEM": re.compile(r"\bLD\.E\.128\b"),
     # 16-byte global stores: the epilogue's stores of O into 16-bit out / partials (skeleton.store_rows_16).
     "STG_128": re.compile(r"\bSTG\.E\.128\b"),
+    # The in-grid merge's grid barrier (split_k.grid_sync): its arrival, a gpu-scope atomic add.
+    "GRID_BARRIER": re.compile(r"\bATOMG\.E\.ADD\.STRONG\.GPU\b"),
     "LDL": re.compile(r"\bLDL\b"),
     "STL": re.compile(r"\bSTL\b"),
 }
@@ -139,6 +141,7 @@ def loader_promises(page_size: int, h_q: int, s_q: int, multicast: bool,
 
 
 def targets(variants: list[str]) -> list[Target]:
+    import pipelines
     from pipelines import paged_kv, variant_2wg_narrow
 
     out = []
@@ -157,6 +160,11 @@ def targets(variants: list[str]) -> list[Target]:
             else:
                 need += ("HGMMA_WIDE",)
                 forbid += ("HGMMA_NARROW",)
+            # The in-grid merge (pipelines.GRID_MERGE_VARIANTS, never with a split cluster).
+            if v in pipelines.GRID_MERGE_VARIANTS and split_cluster == 1:
+                need += ("GRID_BARRIER",)
+            else:
+                forbid += ("GRID_BARRIER",)
             if v == "2wg":  # short chunks prefetched into L2 (MLADecode2WG.l2_prefetch_chunk_tiles): TMA only
                 if paged_kv.uses_tma(page):
                     need += ("UTMAPF",)

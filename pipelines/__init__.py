@@ -53,23 +53,22 @@ def _require_kernel(variant: str) -> None:
         raise NotImplementedError(f"pipeline {variant!r} has no kernel yet; available: {available_variants()}")
 
 
-GRID_SYNC_WORDS = 1
-"""Words after lse_accum in the workspace: the in-grid merge's generation word (split_k.grid_sync)."""
-
-
 def workspace_numel(batch_size: int, num_parts: int, rows: int) -> int:
-    """fp32 elements of the split-kv workspace ``run_decode`` takes: ``(b + num_parts) * rows * 513 + 1``
-    (``o_accum [b + num_parts, rows, 512]`` then ``lse_accum [b + num_parts, rows]``, then the in-grid
-    merge's generation word, one buffer; ``rows = s_q * h_q``). See docs/interfaces.md, "Workspace"."""
+    """fp32 elements of the split-kv workspace ``run_decode`` takes: ``(b + num_parts) * rows * 513``
+    (``o_accum [b + num_parts, rows, 512]`` then ``lse_accum [b + num_parts, rows]``, one buffer;
+    ``rows = s_q * h_q``). See docs/interfaces.md, "Workspace"."""
     from split_k.planner import workspace_shapes  # the one definition of the two shapes
 
     o_shape, lse_shape = workspace_shapes(batch_size, num_parts, rows)
-    return o_shape[0] * o_shape[1] * o_shape[2] + lse_shape[0] * lse_shape[1] + GRID_SYNC_WORDS
+    return o_shape[0] * o_shape[1] * o_shape[2] + lse_shape[0] * lse_shape[1]
 
 
 GRID_MERGE_ENV_VAR = "MLA_GRID_MERGE"
-"""``MLA_GRID_MERGE``: unset or ``1``: the decode merges split-kv in its own grid where it can
-(``grid_merge_flag``); ``0``/``off``: always the separate merge kernel."""
+"""``MLA_GRID_MERGE``: ``1``/``on``: the decode merges split-kv in its own grid where it can
+(``grid_merge_flag``): one launch per call instead of two, about 2.6 us less host time per eager call,
+but 0.6-10 us more GPU time where requests are split (H200, docs/perf-notes.md), so it only pays off
+for eager calls shorter than their own launch cost. Unset, ``""``, ``0``/``off`` (the default): the
+separate merge kernel, chained by programmatic dependent launch."""
 GRID_MERGE_VARIANTS = ("2wg",)
 """Variants whose kernels merge in their grid (``in_grid_merge`` on the kernel classes; a CPU test
 checks that the two agree)."""
@@ -82,7 +81,7 @@ def grid_merge_setting(value: str | None = None) -> bool:
     import os
 
     raw = os.environ.get(GRID_MERGE_ENV_VAR) if value is None else value
-    text = "1" if raw is None or raw.strip() == "" else raw.strip().lower()
+    text = "0" if raw is None or raw.strip() == "" else raw.strip().lower()
     if text in ("1", "on"):
         return True
     if text in ("0", "off"):
@@ -108,7 +107,7 @@ def grid_merge_flag(variant: str, rows_per_kv: int, num_heads_k: int, split_clus
                     sm_count: int, setting: bool = True) -> int:
     """The decode entry's ``grid_merge`` argument for a call: 1 when its kernel merges split-kv in its
     own grid (no merge kernel launched), else 0. Needs the variant's kernel to do it
-    (``GRID_MERGE_VARIANTS``), no split cluster, ``MLA_GRID_MERGE`` on (``setting``) and a grid of at
+    (``GRID_MERGE_VARIANTS``), no split cluster, ``MLA_GRID_MERGE`` on (``setting``; off by default) and a grid of at
     most ``sm_count`` CTAs (``ceil(rows_per_kv / 64)`` m-blocks x ``num_parts`` x ``num_heads_k``):
     one CTA per SM, all resident at once, which the grid barrier needs (the launch is cooperative, so
     a grid the GPU cannot hold at once is refused by the driver rather than left waiting). A plan for

@@ -251,20 +251,20 @@ class DecodeEntry:
         """``grid_merge`` != 0: the decode kernel merges the split requests in its own grid (a
         cooperative launch, no merge kernel; only where the kernel ``grid_merges()``, else ignored). The
         caller passes it only for a grid that fits the GPU at once (``pipelines.grid_merge_fits``)."""
-        o_accum, lse_accum, gen = self.workspace_views(q, tile_scheduler_metadata, workspace)
+        o_accum, lse_accum = self.workspace_views(q, tile_scheduler_metadata, workspace)
         merge_tiles = self.merge_tiles(block_table)
         if cutlass.const_expr(self.decode.grid_merges()):
             merge_y = self.merge.in_grid_y(merge_tiles, num_splits.shape[0] - 1, tile_scheduler_metadata.shape[0])
             self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                         o_accum, lse_accum, softmax_scale, grid_merge, merge_y, self.merge.out_rows(out), lse,
-                        o_accum, lse_accum, gen, stream)
+                        o_accum, lse_accum, stream)
             if grid_merge == 0:
                 self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, merge_tiles, stream,
                            use_pdl=True)
         else:
             self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                         o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1),
-                        self.merge.out_rows(out), lse, o_accum, lse_accum, gen, stream)
+                        self.merge.out_rows(out), lse, o_accum, lse_accum, stream)
             # Second stage: requests with one chunk were written by the main kernel; the merge skips
             # them. Chained by programmatic dependent launch: the main kernel lets it be scheduled as
             # soon as every main CTA runs, so its launch overlaps the main kernel instead of following it.
@@ -279,8 +279,7 @@ class DecodeEntry:
 
     @cute.jit
     def workspace_views(self, q: cute.Tensor, tile_scheduler_metadata: cute.Tensor, workspace: cute.Tensor):
-        """``(o_accum [n, rows, 512], lse_accum [n, rows], gen [1])`` views of the one workspace buffer
-        (``gen``: the in-grid merge's generation word, int32, right after lse_accum)."""
+        """``(o_accum [n, rows, 512], lse_accum [n, rows])`` views of the one workspace buffer."""
         rows = self.rows
         n = tile_scheduler_metadata.shape[0] + q.shape[0]  # b + num_parts: bounds num_splits[b]
         # The split stride is a 64-bit value (b * rows * 512 can pass 2^31 elements) that the
@@ -296,9 +295,7 @@ class DecodeEntry:
             (n, rows, HEAD_DIM_V), stride=(split_stride, row_stride, 1)))
         lse_accum = cute.make_tensor(workspace.iterator + cutlass.Int64(n) * (rows * HEAD_DIM_V), cute.make_layout(
             (n, rows), stride=(rows, 1)))
-        gen = cute.make_tensor(cute.recast_ptr(workspace.iterator + cutlass.Int64(n) * (rows * (HEAD_DIM_V + 1)),
-                                               dtype=cutlass.Int32), cute.make_layout(1))
-        return o_accum, lse_accum, gen
+        return o_accum, lse_accum
 
 
 def compile_entry(config: DecodeConfig, options: str | None = None, kernel_class=None):

@@ -87,12 +87,6 @@ class MLADecodeBase:
     # ``split_k.merge_kernel.SplitMerge`` whose ``merge_slot`` the CTAs run). A class constant.
     in_grid_merge = False
     merger = None
-    # A/B switches of the in-grid merge (class constants like lazy_rescale): the cooperative launch
-    # (False: a plain launch; the grid still fits one wave by the API's rule, but nothing refuses one
-    # that does not), and the one-word barrier (``grid_sync.arrive_flip``: the plan's word alternates
-    # between 0 and 2^31 instead of returning to 0, and no generation word is written).
-    grid_merge_cooperative = True
-    grid_barrier_flip = False
     # Rows of Q's shared-memory tile and TMA box: one wgmma M. A variant that serves fewer query rows
     # per CTA (the narrow 2wg kernel, 16 or 32) loads and keeps only those, which frees shared memory.
     q_tile_rows = BLOCK_M
@@ -136,7 +130,7 @@ class MLADecodeBase:
                  mMeta: cute.Tensor, mNumSplits: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  mOaccum: cute.Tensor, mLSEaccum: cute.Tensor, softmax_scale: Float32,
                  grid_merge: Int32, merge_y: Int32, mMergeO: cute.Tensor, mMergeLSE: cute.Tensor,
-                 mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor, mGen: cute.Tensor, stream: cuda.CUstream):
+                 mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor, stream: cuda.CUstream):
         """Inputs (torch tensors as the API holds them, last dim contiguous):
         mQ [b, s_q, h_q, 576] when h_kv == 1, else the grouped copy [b, h_kv, rows, 576];
         mK [num_pages, page_size, h_kv, 576]; mBlockTable [b, max_pages] i32; mSeqlens [b] i32;
@@ -146,7 +140,7 @@ class MLADecodeBase:
         ``grid_merge`` != 0 (only where ``grid_merges()``): launch cooperatively and merge the split
         requests in this grid (``grid_merge``): ``merge_y`` is the merge's grid extent ``Y``, ``mMerge*``
         the merge kernel's views (out as ``[b, rows, 512]``, lse, o_accum, lse_accum as the workspace
-        holds them) and ``mGen`` the grid barrier's generation word (``split_k.grid_sync``).
+        holds them).
         """
         dtype = self.dtype
         # Kernel views: the contiguous dim where wgmma/TMA want it, the kv head as its own mode.
@@ -193,7 +187,7 @@ class MLADecodeBase:
             parts = split_groups_expr(mMeta.shape[0], self.split_cluster) * self.split_cluster
         self.kernel(tma_q, mQ_tma, tma_k, mK_load, mBlockTable, mSeqlens, mMeta, mNumSplits, mO, mLSE,
                     mOaccum, mLSEaccum, scale_log2, sQ_layout, sK_layout, sP_layout, grid_merge, merge_y, mMergeO, mMergeLSE,
-                    mMergeOaccum, mMergeLSEaccum, mGen).launch(
+                    mMergeOaccum, mMergeLSEaccum).launch(
             grid=[self.num_m_blocks, parts, self.h_kv],
             block=[self.num_threads, 1, 1],
             # The m-block CTAs of one plan part (same chunks, same K tiles) form a cluster along x;
@@ -205,7 +199,7 @@ class MLADecodeBase:
             use_pdl=self.dependent_launch,
             # The grid barrier needs every CTA resident at once: a cooperative launch makes the driver
             # refuse a grid that cannot be (an error, never a hang).
-            cooperative=grid_merge != 0 if const_expr(self.grid_merge_cooperative) else False,
+            cooperative=grid_merge != 0,
         )
 
     def shared_storage_struct(self, dtype, sQ_layout, sK_layout, sP_layout):
@@ -285,7 +279,7 @@ class MLADecodeBase:
                mO: cute.Tensor, mLSE: cute.Tensor, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor,
                scale_log2: Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sP_layout: cute.ComposedLayout, grid_merge: Int32, merge_y: Int32, mMergeO: cute.Tensor,
-               mMergeLSE: cute.Tensor, mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor, mGen: cute.Tensor):
+               mMergeLSE: cute.Tensor, mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, part, kv_head = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -347,19 +341,18 @@ class MLADecodeBase:
         if const_expr(self.grid_merges()):
             if grid_merge != 0:
                 self.grid_merge(tidx, m_block, part, kv_head, mMeta, mNumSplits, storage, merge_y, mMergeO,
-                                mMergeLSE, mMergeOaccum, mMergeLSEaccum, mGen)
+                                mMergeLSE, mMergeOaccum, mMergeLSEaccum)
 
     @cute.jit
     def grid_merge(self, tidx: Int32, m_block: Int32, part: Int32, kv_head: Int32, mMeta: cute.Tensor,
                    mNumSplits: cute.Tensor, storage, merge_y: Int32, mMergeO: cute.Tensor, mMergeLSE: cute.Tensor,
-                   mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor, mGen: cute.Tensor):
+                   mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor):
         """The split-kv merge in this grid (``in_grid_merge``), after the CTA's roles stored its outputs.
 
         Grid cell ``(part, y)`` of the merge kernel's ``[num_parts, Y]`` grid (``SplitMerge.merge_slot``)
         goes to the CTAs of plan part ``part``: CTA ``m_block + kv_head * num_m_blocks`` takes every
         ``y`` from it in steps of ``num_m_blocks * h_kv``. Every CTA counts itself on the grid barrier
-        (``split_k.grid_sync``: the plan's reserved word ``[0, GRID_COUNT_COLUMN]`` and the workspace's
-        generation word); only a CTA with merge work (its part begins a continuation chunk and it has a
+        (``split_k.grid_sync``: the plan's reserved word ``[0, GRID_COUNT_COLUMN]``); only a CTA with merge work (its part begins a continuation chunk and it has a
         ``y``) waits for the others, and the CTA's threads then merge. P's tile, unused from here on,
         holds the merge's shared memory (4 KB of the 8).
         """
@@ -374,19 +367,12 @@ class MLADecodeBase:
         # Every thread's stores of this CTA (out, lse, partials) come before thread 0's arrival, whose
         # release covers them (the CTA barrier orders them before it; the release is cumulative).
         cute.arch.sync_threads()
-        gen_addr = mGen.iterator.toint()
         count_addr = (mMeta.iterator + GRID_COUNT_COLUMN).toint()
         if tidx == 0:
-            if const_expr(self.grid_barrier_flip):
-                leader = (m_block == 0) & (part == 0) & (kv_head == 0)
-                before = grid_sync.arrive_flip(count_addr, nx * ny * nz, leader)
-                if works != 0:
-                    grid_sync.wait_flip(count_addr, before)
-            else:
-                gen, last = grid_sync.arrive(count_addr, gen_addr, nx * ny * nz)
-                if works != 0:
-                    if last == 0:
-                        grid_sync.wait(gen_addr, gen)
+            leader = (m_block == 0) & (part == 0) & (kv_head == 0)
+            before = grid_sync.arrive(count_addr, nx * ny * nz, leader)
+            if works != 0:
+                grid_sync.wait(count_addr, before)
         if works != 0:
             cute.arch.sync_threads()  # thread 0's acquire, then every thread's reads of the partials
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())

@@ -10,8 +10,6 @@ behind entries that differ only in what follows it, and each is captured in its 
   programmatic dependent launch);
 - ``grid``: the library's entry with ``grid_merge`` 1 (the decode merges in its own grid, launched
   cooperatively: no merge kernel; the variant must support it, ``pipelines.GRID_MERGE_VARIANTS``);
-- ``grid-nocoop``, ``grid-flip``, ``grid-flip-nocoop``: ``grid`` with a plain launch of the decode
-  (``grid_merge_cooperative = False``), with the one-word barrier (``grid_barrier_flip = True``), both;
 - ``merge-nopdl``: the same merge kernel launched plainly (it starts after the decode grid ends);
 - ``none``: the decode kernel alone (the output of split requests is left unmerged: timing only);
 - ``wait``: an empty grid of ``num_parts`` CTAs launched with PDL whose CTAs only execute
@@ -38,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 CONFIGS = ((64, 1, 1, 16, 1024), (64, 1, 1, 16, 16384), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096),
            (64, 128, 1, 128, 4096))
-MODES = ("merge", "grid", "grid-nocoop", "grid-flip", "grid-flip-nocoop", "merge-nopdl", "merge-l8", "merge-y2", "merge-old", "none", "wait", "exit")
-DEFAULT_MODES = ("merge", "grid", "grid-nocoop", "grid-flip", "grid-flip-nocoop", "merge-nopdl", "none", "wait", "exit")
+MODES = ("merge", "grid", "merge-nopdl", "merge-l8", "merge-y2", "merge-old", "none", "wait", "exit")
+DEFAULT_MODES = ("merge", "grid", "merge-nopdl", "none", "wait", "exit")
 
 
 import cutlass  # noqa: E402
@@ -99,10 +97,10 @@ class ModeEntry(DecodeEntry):
     @cute.jit
     def __call__(self, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                  workspace, softmax_scale, grid_merge, stream):
-        o_accum, lse_accum, gen = self.workspace_views(q, tile_scheduler_metadata, workspace)
+        o_accum, lse_accum = self.workspace_views(q, tile_scheduler_metadata, workspace)
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                     o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1), self.merge.out_rows(out),
-                    lse, o_accum, lse_accum, gen, stream)
+                    lse, o_accum, lse_accum, stream)
         max_tiles = self.merge_tiles(block_table)
         if cutlass.const_expr(self.mode in ("merge-l8", "merge-y2")):
             self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, max_tiles, stream,
@@ -133,14 +131,7 @@ def measure(cfg, variant: str, replays: int, entry_cls, compiled: dict, modes=DE
     for mode in modes:
         if mode in ("merge", "grid"):
             fns[mode] = (dec._launches[variant], int(mode == "grid"))
-        elif mode.startswith("grid-"):
-            key = (config, mode)
-            if key not in compiled:
-                from pipelines.launch import _kernel_class, compile_entry
-                base = _kernel_class(variant, config)
-                consts = dict(grid_merge_cooperative="nocoop" not in mode, grid_barrier_flip="flip" in mode)
-                compiled[key] = compile_entry(config, kernel_class=type(f"{base.__name__}_{mode}", (base,), consts))
-            fns[mode] = (compiled[key], 1)
+
         else:
             key = (config, mode)
             if key not in compiled:
