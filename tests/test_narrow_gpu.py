@@ -106,7 +106,7 @@ def _run(case, seed, grow=False, partial=None):
                             device="cuda")
     # The compiled entry reads q grouped per kv head (the API's launcher makes the same copy).
     _narrow_entry(conf)(group_queries(p.q, h_kv), p.k_cache, p.block_table, p.cache_seqlens, meta, num_splits, out, lse, workspace,
-                        576 ** -0.5)
+                        576 ** -0.5, 0)  # 0: the merge kernel, the default (tests/test_grid_merge_gpu.py: 1)
     _wait_or_exit(str(case)[:80])
     ref_out, ref_lse = mla_decode_reference(p.q, p.k_cache, p.block_table, p.cache_seqlens, causal=causal)
     if grow:
