@@ -439,11 +439,36 @@ def _workspace_numel(shape: validate.DecodeShape, num_parts: int) -> int:
     return pipelines.workspace_numel(shape.batch_size, num_parts, shape.s_q * shape.h_q)
 
 
-def _grid_merge(variant: str, shape: validate.DecodeShape, split_cluster: int, num_parts: int) -> int:
-    """The decode entry's ``grid_merge`` argument for a checked call (``pipelines.grid_merge_flag``,
-    ``MLA_GRID_MERGE`` read now)."""
-    return pipelines.grid_merge_flag(variant, shape.rows, shape.h_kv, split_cluster, num_parts,
-                                     pipelines.device_sm_count(shape.device), pipelines.grid_merge_setting())
+def _grid_merge(variant: str, shape: validate.DecodeShape, split_cluster: int, num_parts: int,
+                partial_dtype=None, setting: str | None = None) -> int:
+    """``pipelines.grid_merge_mode`` of a checked call (``setting``: ``pipelines.grid_merge_setting``'s
+    value, None: ``MLA_GRID_MERGE`` read now; ``partial_dtype`` as ``_launcher`` takes it). Resolve it
+    per call with ``_grid_merge_arg``."""
+    setting = pipelines.grid_merge_setting() if setting is None else setting
+    if setting == "off" or variant not in pipelines.GRID_MERGE_VARIANTS:
+        return pipelines.GRID_MERGE_NEVER
+    from pipelines.launch import partial_from_env, partial_name
+    from split_k import merge_kernel
+
+    name = partial_name(shape.dtype, partial_dtype if partial_dtype is not None else partial_from_env())
+    cells = merge_kernel.in_grid_y(shape.s_q * shape.h_q, shape.batch_size, num_parts,
+                                   merge_kernel.loads_in_flight(4 if name == "float32" else 2),
+                                   merge_kernel.capacity_tiles(shape.max_pages, shape.page_size))
+    return pipelines.grid_merge_mode(variant, shape.rows, shape.h_kv, split_cluster, num_parts,
+                                     pipelines.device_sm_count(shape.device), setting, cells)
+
+
+def _capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (torch._C's query: no Python frame)."""
+    return torch._C._cuda_isCurrentStreamCapturing()
+
+
+def _grid_merge_arg(mode: int) -> int:
+    """The entry's ``grid_merge`` argument for a call of ``mode`` (``_grid_merge``): eager-only merges
+    in the grid only outside CUDA-graph capture."""
+    if mode == pipelines.GRID_MERGE_EAGER:
+        return 0 if _capturing() else 1
+    return mode
 
 
 def _launcher(variant: str, shape: validate.DecodeShape, split_cluster: int, partial_dtype=None):
@@ -466,7 +491,7 @@ class _Call:
     device: torch.device
     softmax_scale: float
     shape: validate.DecodeShape
-    grid_merge: int = 0  # the entry's grid_merge argument (pipelines.grid_merge_flag)
+    grid_merge: int = 0  # pipelines.grid_merge_mode of the call (_grid_merge_arg makes the argument)
 
 
 _FLASH_CALLS: dict = {}
@@ -624,7 +649,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     workspace = _flash_workspace(q, call.workspace_numel)
     try:
         call.launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
-                    call.softmax_scale, call.grid_merge)
+                    call.softmax_scale, call.grid_merge if call.grid_merge < 2 else _grid_merge_arg(call.grid_merge))
     except (ValueError, TypeError):
         # The compiled function refused an argument (dtype, device, alignment: module docstring):
         # say which, as the API says it, or pass its own message on if these checks find nothing.
@@ -797,7 +822,7 @@ class MLADecoder:
             self._workspace = torch.empty(_workspace_numel(shape, parts), dtype=torch.float32, device=device)
             self._lse = torch.empty(shape.batch_size, shape.h_q, shape.s_q, dtype=torch.float32, device=device)
         self._planned, self._info, self._launches, self._scale = shape, info, launches, shape.softmax_scale
-        self._grid_merges = {v: _grid_merge(v, shape, cluster, parts) for v in variants}
+        self._grid_merge_setting = pipelines.grid_merge_setting()  # read once per plan, as MLA_PIPELINE
         self.variants = variants
         self._out_shape = (shape.batch_size, shape.s_q, shape.h_q, HEAD_DIM_V)
         self._checked = {}
@@ -837,18 +862,15 @@ class MLADecoder:
 
     def _launch_for(self, shape: validate.DecodeShape):
         """``(launch, grid_merge)``: the compiled launch of the plan for a checked ``run`` of ``shape``
-        and its ``grid_merge`` argument (``pipelines.grid_merge_flag``, fixed by ``plan``)."""
+        and its ``pipelines.grid_merge_mode`` (``MLA_GRID_MERGE`` as ``plan`` read it)."""
         variant = self.variant if self.variant is not None else auto_variant(
             shape.page_size, shape.s_q, shape.h_q, shape.h_kv, shape.batch_size, shape.max_pages)
         launch = self._launches.get(variant)
         if launch is None:  # plan loads every variant auto may choose (auto.choices): not expected
             launch = self._launches[variant] = _launcher(variant, self._planned, self._info.split_cluster,
                                                                  self._partial)
-        grid_merge = self._grid_merges.get(variant)
-        if grid_merge is None:
-            grid_merge = self._grid_merges[variant] = _grid_merge(variant, self._planned, self._info.split_cluster,
-                                                                  self._info.num_parts)
-        return launch, grid_merge
+        return launch, _grid_merge(variant, shape, self._info.split_cluster, self._info.num_parts, self._partial,
+                                   self._grid_merge_setting)
 
     def run(self, q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
             *, out: torch.Tensor | None = None, lse: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -886,6 +908,8 @@ class MLADecoder:
             if key is not None:
                 _remember(self._checked, key, launch)
         launch, grid_merge = launch
+        if grid_merge == 2:  # pipelines.GRID_MERGE_EAGER: in the grid outside CUDA-graph capture only
+            grid_merge = 0 if _capturing() else 1
         if out is None:
             out = q.new_empty(self._out_shape)
         own_lse = lse is None

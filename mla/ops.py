@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import torch
 
+import pipelines
+
 from . import api, validate
 from .reference import HEAD_DIM_V
 
@@ -73,6 +75,8 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, ca
         if key is not None:
             api._remember(_CALLS, key, launch)
     launch, grid_merge = launch
+    if grid_merge == pipelines.GRID_MERGE_EAGER:
+        grid_merge = api._grid_merge_arg(grid_merge)
     try:
         launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
                float(softmax_scale), grid_merge)

@@ -205,7 +205,7 @@ def capture_graph(fn, warmup: int = 3):
 def capture_entries(entries: dict, inp: Inputs, dec, calls: int = 1) -> tuple[dict, dict]:
     """One graph (``capture_graph``) per compiled decode entry of ``entries`` (``{name: fn}`` or
     ``{name: (fn, grid_merge)}``, the signature of ``pipelines.launch.DecodeEntry``; ``grid_merge``
-    defaults to the decoder's for its plan), each launched on ``inp`` with the plan, workspace
+    defaults to what the decoder's ``run`` passes in a graph), each launched on ``inp`` with the plan, workspace
     and softmax scale of the planned ``mla.MLADecoder`` ``dec``, and writing its own ``out`` and lse
     (A/B scripts: several builds of one config's kernel on the same inputs); ``calls`` launches in a
     row per graph (back-to-back decodes, as the layers of a model step: what a dependent launch of
@@ -217,8 +217,9 @@ def capture_entries(entries: dict, inp: Inputs, dec, calls: int = 1) -> tuple[di
     for name, fn in entries.items():
         out = outs[name] = torch.empty(out_shape, dtype=inp.q.dtype, device=inp.q.device)
         lse = torch.empty_like(dec._lse)
-        # An entry given as (fn, grid_merge) runs with that argument; a bare fn with the decoder's own.
-        fn, grid_merge = fn if isinstance(fn, tuple) else (fn, dec._launch_for(dec._planned)[1])
+        # An entry given as (fn, grid_merge) runs with that argument; a bare fn with what the decoder's run
+        # passes under graph capture (pipelines.grid_merge_mode: 1 only for an in-grid merge on every call).
+        fn, grid_merge = fn if isinstance(fn, tuple) else (fn, int(dec._launch_for(dec._planned)[1] == 1))
         def run(fn=fn, out=out, lse=lse, grid_merge=grid_merge):
             for _ in range(calls):
                 fn(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, dec.tile_scheduler_metadata,

@@ -64,29 +64,31 @@ def workspace_numel(batch_size: int, num_parts: int, rows: int) -> int:
 
 
 GRID_MERGE_ENV_VAR = "MLA_GRID_MERGE"
-"""``MLA_GRID_MERGE``: ``1``/``on``: the decode merges split-kv in its own grid where it can
-(``grid_merge_flag``): one launch per call instead of two, about 2.6 us less host time per eager call,
-but 0.6-10 us more GPU time where requests are split (H200, docs/perf-notes.md), so it only pays off
-for eager calls shorter than their own launch cost. Unset, ``""``, ``0``/``off`` (the default): the
-separate merge kernel, chained by programmatic dependent launch."""
+"""``MLA_GRID_MERGE``: where the decode merges split-kv in its own grid (``grid_merge_mode``) instead of
+launching the merge kernel: one launch per call instead of two, about 2.5 us less host time per
+eager call, but 0.4-0.7 us more GPU time where each CTA has at most one merge cell and 2-4 us more
+where the merge needs more (H200, docs/perf-notes.md). Unset, ``""`` or ``auto`` (the default): eager
+calls whose merge is one cell per CTA (never under CUDA-graph capture, where the launch cost is paid
+once); ``1``/``on``: every call the kernel can; ``0``/``off``: never."""
 GRID_MERGE_VARIANTS = ("2wg",)
 """Variants whose kernels merge in their grid (``in_grid_merge`` on the kernel classes; a CPU test
 checks that the two agree)."""
+GRID_MERGE_NEVER, GRID_MERGE_ALWAYS, GRID_MERGE_EAGER = 0, 1, 2
 _SM_COUNTS: dict = {}
 
 
-def grid_merge_setting(value: str | None = None) -> bool:
-    """The ``MLA_GRID_MERGE`` setting (``value``, else the environment). Raises ``ValueError`` naming
-    the variable for anything but unset, ``""``, ``0``, ``1``, ``off``, ``on``."""
+def grid_merge_setting(value: str | None = None) -> str:
+    """The ``MLA_GRID_MERGE`` setting (``value``, else the environment): ``"auto"``, ``"on"`` or
+    ``"off"``. Raises ``ValueError`` naming the variable for anything but unset, ``""``, ``auto``,
+    ``1``, ``on``, ``0``, ``off``."""
     import os
 
     raw = os.environ.get(GRID_MERGE_ENV_VAR) if value is None else value
-    text = "0" if raw is None or raw.strip() == "" else raw.strip().lower()
-    if text in ("1", "on"):
-        return True
-    if text in ("0", "off"):
-        return False
-    raise ValueError(f"{GRID_MERGE_ENV_VAR} must be 0, 1, off or on, got {raw!r}")
+    text = "auto" if raw is None or raw.strip() == "" else raw.strip().lower()
+    setting = {"auto": "auto", "1": "on", "on": "on", "0": "off", "off": "off"}.get(text)
+    if setting is None:
+        raise ValueError(f"{GRID_MERGE_ENV_VAR} must be auto, 0, 1, off or on (or unset), got {raw!r}")
+    return setting
 
 
 def device_sm_count(device) -> int:
@@ -103,19 +105,27 @@ def device_sm_count(device) -> int:
     return n
 
 
-def grid_merge_flag(variant: str, rows_per_kv: int, num_heads_k: int, split_cluster: int, num_parts: int,
-                    sm_count: int, setting: bool = True) -> int:
-    """The decode entry's ``grid_merge`` argument for a call: 1 when its kernel merges split-kv in its
-    own grid (no merge kernel launched), else 0. Needs the variant's kernel to do it
-    (``GRID_MERGE_VARIANTS``), no split cluster, ``MLA_GRID_MERGE`` on (``setting``; off by default) and a grid of at
-    most ``sm_count`` CTAs (``ceil(rows_per_kv / 64)`` m-blocks x ``num_parts`` x ``num_heads_k``):
-    one CTA per SM, all resident at once, which the grid barrier needs (the launch is cooperative, so
-    a grid the GPU cannot hold at once is refused by the driver rather than left waiting). A plan for
-    the device's own SM count (the default) always fits; one made for more SMs does not."""
-    if not setting or variant not in GRID_MERGE_VARIANTS or split_cluster != 1:
-        return 0
-    ctas = -(-rows_per_kv // 64) * num_parts * num_heads_k
-    return int(ctas <= sm_count)
+def grid_merge_mode(variant: str, rows_per_kv: int, num_heads_k: int, split_cluster: int, num_parts: int,
+                    sm_count: int, setting: str = "auto", merge_cells: int = 1) -> int:
+    """Whether a call's decode merges split-kv in its own grid: ``GRID_MERGE_NEVER`` (the merge kernel),
+    ``GRID_MERGE_ALWAYS`` or ``GRID_MERGE_EAGER`` (eager calls only: the API passes the entry's
+    ``grid_merge`` 0 under CUDA-graph capture). Possible where the variant's kernel does it
+    (``GRID_MERGE_VARIANTS``), without a split cluster, for a grid of at most ``sm_count`` CTAs
+    (``ceil(rows_per_kv / 64)`` m-blocks x ``num_parts`` x ``num_heads_k``): one CTA per SM, all resident
+    at once, which the grid barrier needs (the launch is cooperative, so the driver refuses a grid the
+    GPU cannot hold at once rather than leaving it waiting). A plan for the device's own SM count (the
+    default) always fits; one made for more SMs does not. ``setting`` (``grid_merge_setting``): "on"
+    takes every such call; "auto" only those whose merge gives each CTA at most one cell
+    (``merge_cells``, the in-grid merge's cells per plan part, ``split_k.merge_kernel.in_grid_y``, at
+    most the part's ``m-blocks x num_heads_k`` CTAs), and only eagerly."""
+    if setting == "off" or variant not in GRID_MERGE_VARIANTS or split_cluster != 1:
+        return GRID_MERGE_NEVER
+    ctas_per_part = -(-rows_per_kv // 64) * num_heads_k
+    if ctas_per_part * num_parts > sm_count:
+        return GRID_MERGE_NEVER
+    if setting == "on":
+        return GRID_MERGE_ALWAYS
+    return GRID_MERGE_EAGER if merge_cells <= ctas_per_part else GRID_MERGE_NEVER
 
 
 def decode_launcher(variant: str, dtype, num_heads_q: int, seqlen_q: int, page_size: int, causal: bool,
@@ -124,7 +134,7 @@ def decode_launcher(variant: str, dtype, num_heads_q: int, seqlen_q: int, page_s
     fresh compile (seconds, once per machine). Returns a callable ``(q, k_cache, block_table,
     cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace, softmax_scale,
     grid_merge)`` that launches the decode kernel and the split-kv merge (``grid_merge`` 1: in the
-    decode's grid, ``grid_merge_flag``) on the current torch stream, with no host synchronisation and
+    decode's grid, ``grid_merge_mode``) on the current torch stream, with no host synchronisation and
     no allocation. Inputs must already be validated by ``mla``.
     ``multicast``: allow a TMA multicast cluster; None reads ``MLA_MULTICAST`` now.
     ``partial``: dtype of the split-kv partials, ``"float32"``, ``"input"`` (q's dtype) or that dtype;
@@ -150,8 +160,9 @@ def run_decode(variant, q, k_cache, block_table, cache_seqlens, tile_scheduler_m
     launch = decode_launcher(variant, q.dtype, q.shape[2], q.shape[1], k_cache.shape[1], causal, k_cache.shape[2],
                              split_cluster=cluster)
     h_kv = k_cache.shape[2]
-    flag = grid_merge_flag(variant, q.shape[1] * q.shape[2] // h_kv, h_kv, cluster, tile_scheduler_metadata.shape[0],
+    mode = grid_merge_mode(variant, q.shape[1] * q.shape[2] // h_kv, h_kv, cluster, tile_scheduler_metadata.shape[0],
                            device_sm_count(q.device), grid_merge_setting())
+    flag = int(mode == GRID_MERGE_ALWAYS)  # a plain helper: "auto" (eager only) is the API's
     launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
            float(softmax_scale), flag)
 

@@ -82,7 +82,8 @@ def eager(args) -> int:
     lse = torch.empty(args.b, args.h_q, 1, device="cuda")
     ws = torch.empty(pipelines.workspace_numel(args.b, meta.shape[0], args.h_q), device="cuda")
     launch = pipelines.decode_launcher("2wg", torch.bfloat16, args.h_q, 1, 64, False, 1)
-    gm = dec._launch_for(dec._planned)[1]  # the decoder's grid_merge argument (in-grid merge or not)
+    # What the decoder's eager run passes as grid_merge (pipelines.grid_merge_mode: eager-only counts).
+    gm = int(dec._launch_for(dec._check_run(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, out, None))[1] != 0)
     scale = 576 ** -0.5
     q, k, bt, sl = inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens
     calls = {

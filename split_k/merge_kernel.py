@@ -131,6 +131,14 @@ def grid_y(rows: int, batch_size: int, num_parts: int, max_loads: int = LOADS_WI
     return max(-(-units_per_request(rows, n, loads) // (n - 1)), 1)
 
 
+def in_grid_y(rows: int, batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE,
+              max_tiles: int | None = None) -> int:
+    """``Y`` of the in-grid merge (``SplitMerge.in_grid_y``: ``grid_y`` with ``max_loads`` splits per
+    round whatever ``n_est``): the merge cells per plan part that the part's decode CTAs take."""
+    n = estimated_chunks(batch_size, num_parts, max_tiles)
+    return max(-(-units_per_request(rows, n, max_loads) // (n - 1)), 1)
+
+
 def unit_assignment(metadata, num_splits, rows: int, max_loads: int = LOADS_WIDE,
                     max_tiles: int | None = None) -> dict:
     """The kernel's work split in plain Python, for the CPU tests: ``{(part, cta_y): [(req, row,

@@ -1,4 +1,4 @@
-"""CPU: when a decode merges split-kv in its own grid (``pipelines.grid_merge_flag``,
+"""CPU: when a decode merges split-kv in its own grid (``pipelines.grid_merge_mode``,
 ``MLA_GRID_MERGE``), and that every API path hands the compiled entry that decision (the kernels
 themselves run in tests/test_grid_merge_gpu.py; their SASS is checked by mla.compile_check)."""
 from __future__ import annotations
@@ -13,32 +13,54 @@ from mla.testing import make_decode_problem
 NUM_SMS = 132
 
 
-@pytest.mark.parametrize("value, on", [(None, False), ("", False), (" ", False), ("0", False), ("off", False),
-                                       ("1", True), ("on", True), (" ON ", True)])
-def test_setting_is_off_unless_asked_for(monkeypatch, value, on):
+@pytest.mark.parametrize("value, setting", [(None, "auto"), ("", "auto"), (" ", "auto"), ("auto", "auto"),
+                                            ("0", "off"), ("off", "off"), ("1", "on"), ("on", "on"), (" ON ", "on")])
+def test_setting(monkeypatch, value, setting):
     if value is None:
         monkeypatch.delenv(pipelines.GRID_MERGE_ENV_VAR, raising=False)
     else:
         monkeypatch.setenv(pipelines.GRID_MERGE_ENV_VAR, value)
-    assert pipelines.grid_merge_setting() is on
+    assert pipelines.grid_merge_setting() == setting
 
 
 def test_bad_setting_names_the_variable(monkeypatch):
     monkeypatch.setenv(pipelines.GRID_MERGE_ENV_VAR, "yes")
-    with pytest.raises(ValueError, match="MLA_GRID_MERGE must be 0, 1, off or on, got 'yes'"):
+    with pytest.raises(ValueError, match="MLA_GRID_MERGE must be auto, 0, 1, off or on \\(or unset\\), got 'yes'"):
         pipelines.grid_merge_setting()
 
 
-def test_flag_needs_the_setting_a_variant_that_merges_no_split_cluster_and_one_wave():
-    flag = pipelines.grid_merge_flag
-    assert flag("2wg", 16, 1, 1, 132, 132) == 1  # 132 CTAs on 132 SMs
-    assert flag("2wg", 16, 1, 1, 132, 132, setting=False) == 0
-    assert flag("3wg", 16, 1, 1, 132, 132) == 0 and flag("seesaw", 16, 1, 1, 132, 132) == 0
-    assert flag("2wg", 16, 1, 8, 132, 132) == 0  # a split cluster merges in its own epilogue
-    assert flag("2wg", 16, 1, 1, 264, 132) == 0  # a plan made for twice the SMs: two waves
-    assert flag("2wg", 128, 1, 1, 66, 132) == 1 and flag("2wg", 128, 1, 1, 67, 132) == 0  # 2 m-blocks each
-    assert flag("2wg", 64, 2, 1, 66, 132) == 1 and flag("2wg", 64, 2, 1, 67, 132) == 0  # 2 kv heads each
-    assert flag("2wg", 16, 1, 1, 1, 0) == 0  # no SM count (not a CUDA device): never
+def test_mode_needs_a_variant_that_merges_no_split_cluster_and_one_wave():
+    mode = pipelines.grid_merge_mode
+    never, always, eager = pipelines.GRID_MERGE_NEVER, pipelines.GRID_MERGE_ALWAYS, pipelines.GRID_MERGE_EAGER
+    assert mode("2wg", 16, 1, 1, 132, 132, "on") == always  # 132 CTAs on 132 SMs
+    assert mode("2wg", 16, 1, 1, 132, 132, "auto") == eager
+    assert mode("2wg", 16, 1, 1, 132, 132, "off") == never
+    assert mode("3wg", 16, 1, 1, 132, 132, "on") == never == mode("seesaw", 16, 1, 1, 132, 132, "on")
+    assert mode("2wg", 16, 1, 8, 132, 132, "on") == never  # a split cluster merges in its own epilogue
+    assert mode("2wg", 16, 1, 1, 264, 132, "on") == never  # a plan made for twice the SMs: two waves
+    assert mode("2wg", 128, 1, 1, 66, 132, "on") == always and mode("2wg", 128, 1, 1, 67, 132, "on") == never
+    assert mode("2wg", 64, 2, 1, 66, 132, "on") == always and mode("2wg", 64, 2, 1, 67, 132, "on") == never
+    assert mode("2wg", 16, 1, 1, 1, 0, "on") == never  # no SM count (not a CUDA device): never
+    # auto: only where the merge gives each CTA of a part at most one cell (in-grid Y <= m-blocks x h_kv)
+    assert mode("2wg", 128, 1, 1, 66, 132, "auto", merge_cells=2) == eager
+    assert mode("2wg", 128, 1, 1, 66, 132, "auto", merge_cells=5) == never
+    assert mode("2wg", 128, 1, 1, 66, 132, "on", merge_cells=5) == always
+
+
+def test_auto_takes_short_single_request_merges_only():
+    """The H200 A/B (docs/perf-notes.md): b1 h16 (one cell per CTA) gains eagerly; b1 h128 16384 and b8
+    h64 4096 (several cells per CTA) lose 2-4 us of GPU time, so auto leaves them to the merge kernel."""
+    from split_k import merge_kernel as mk
+    cells = lambda rows, b, seqlen: mk.in_grid_y(rows, b, pipelines_parts(rows), mk.LOADS_WIDE,
+                                                 mk.capacity_tiles(seqlen // 64, 64))
+    assert cells(16, 1, 1024) == 1 and cells(16, 1, 16384) == 1
+    assert cells(128, 1, 16384) > 2  # 2 m-blocks per part
+    assert cells(64, 8, 4096) > 1
+
+
+def pipelines_parts(rows):
+    from split_k import planner
+    return planner.num_sm_parts(NUM_SMS, rows, 1)
 
 
 def test_the_variants_that_merge_in_their_grid_are_those_whose_kernels_do():
@@ -52,10 +74,12 @@ def test_the_variants_that_merge_in_their_grid_are_those_whose_kernels_do():
                 assert cls.num_threads == 256
 
 
-@pytest.mark.parametrize("setting, want", [("1", 1), ("0", 0)])
-def test_every_entry_point_passes_the_flag(fake_kernel, monkeypatch, setting, want):
+@pytest.mark.parametrize("setting, capturing, want", [("1", False, 1), ("1", True, 1), ("0", False, 0),
+                                                     ("auto", False, 1), ("auto", True, 0)])
+def test_every_entry_point_passes_the_flag(fake_kernel, monkeypatch, setting, capturing, want):
     monkeypatch.setenv(pipelines.GRID_MERGE_ENV_VAR, setting)
     monkeypatch.setattr(pipelines, "device_sm_count", lambda device: NUM_SMS)
+    monkeypatch.setattr(mla.api, "_capturing", lambda: capturing)
     prob = make_decode_problem([100, 0, 3000], s_q=1, h_q=16)
     dec = mla.MLADecoder(pipeline="2wg", num_sms=NUM_SMS)
     dec.plan(prob.cache_seqlens, num_heads_q=16, page_size=64)
@@ -71,6 +95,7 @@ def test_every_entry_point_passes_the_flag(fake_kernel, monkeypatch, setting, wa
 def test_a_plan_for_more_sms_than_the_device_has_gets_the_merge_kernel(fake_kernel, monkeypatch):
     monkeypatch.setenv(pipelines.GRID_MERGE_ENV_VAR, "1")
     monkeypatch.setattr(pipelines, "device_sm_count", lambda device: NUM_SMS)
+    monkeypatch.setattr(mla.api, "_capturing", lambda: False)
     prob = make_decode_problem([100, 0, 3000], s_q=1, h_q=16)
     dec = mla.MLADecoder(pipeline="2wg", num_sms=2 * NUM_SMS)
     dec.plan(prob.cache_seqlens, num_heads_q=16, page_size=64)
@@ -80,6 +105,7 @@ def test_a_plan_for_more_sms_than_the_device_has_gets_the_merge_kernel(fake_kern
 
 def test_the_setting_is_part_of_the_flash_signature(fake_kernel, monkeypatch):
     monkeypatch.setattr(pipelines, "device_sm_count", lambda device: NUM_SMS)
+    monkeypatch.setattr(mla.api, "_capturing", lambda: False)
     prob = make_decode_problem([100, 3000], s_q=1, h_q=16)
     meta, splits = mla.get_mla_metadata(prob.cache_seqlens, 16, 1, num_sms=NUM_SMS)
     for setting in ("1", "0", "1"):

@@ -1,7 +1,7 @@
-"""GPU: the in-grid split-kv merge (``pipelines.grid_merge_flag``, ``split_k.grid_sync``).
+"""GPU: the in-grid split-kv merge (``pipelines.grid_merge_mode``, ``split_k.grid_sync``).
 
-Off by default (``MLA_GRID_MERGE``): these run the 2wg kernels with it on and off on split cases
-(the other GPU tests run the default) and check that both agree with the reference, that a decode
+By default (``MLA_GRID_MERGE`` auto) only eager calls with a one-cell merge use it; these run the 2wg
+kernels with it on for every call and off, on split cases, and check that both agree with the reference, that a decode
 changes nothing in the plan but the barrier word (whose low 31 bits stay 0), that many decodes in a
 row (one stream, and replays of a CUDA graph) stay right, and that a grid too large for the GPU at
 once is never launched cooperatively.
