@@ -15,7 +15,9 @@ block_table's width against the longest sequence (checked before each launch). W
 those are the caller's responsibility, as with FlashMLA.
 
 Eager calls are the hot path of an engine whenever a step does not match a captured CUDA graph, so
-the checks are cached per *signature*: each tensor's shape, strides and dtype, q's device, the
+the checks are cached per *signature* (``MLADecoder.run``'s leaves out the dtypes and q's device: its
+plan fixes them, and the compiled function checks both on every call, against its static dtypes and
+the plan's own buffers): each tensor's shape, strides and dtype, q's device, the
 scalar arguments with their types, the plan's host-side facts, the pipeline name and the
 ``MLA_PIPELINE``/``MLA_MULTICAST`` values (``MLADecoder`` reads them once, in ``__init__`` and
 ``plan``). ``"auto"``'s choice is a function of the signature (page size, s_q, h_q, h_kv, batch
@@ -458,14 +460,42 @@ def _grid_merge(variant: str, shape: validate.DecodeShape, split_cluster: int, n
                                      pipelines.device_sm_count(shape.device), setting, cells)
 
 
+_GRID_MERGE_USABLE = [True]  # False once a cooperative launch was refused in this process
+
+
+def _grid_merge_refused(exc: BaseException, grid_merge: int) -> bool:
+    """Whether a launch with ``grid_merge`` 1 failed because the cooperative launch was refused (the
+    grid cannot be resident at once here: MPS limits, green contexts, SMs held by other work): then no
+    later call of this process asks for the in-grid merge (a warning says so once), and the caller
+    launches again with the merge kernel. Such a refusal is reported before anything runs, and leaves
+    the context usable (scripts/grid_merge_probe.py)."""
+    if grid_merge != 1:
+        return False
+    from cutlass.base_dsl.common import DSLCudaRuntimeError
+
+    if not isinstance(exc, DSLCudaRuntimeError):
+        return False
+    if _GRID_MERGE_USABLE[0]:
+        import warnings
+
+        _GRID_MERGE_USABLE[0] = False
+        warnings.warn(f"the in-grid split-kv merge's cooperative launch was refused ({type(exc).__name__}: "
+                      f"{str(exc)[:200]}); this process uses the merge kernel from now on "
+                      f"({pipelines.GRID_MERGE_ENV_VAR}=0 does so from the start)", RuntimeWarning, stacklevel=3)
+    return True
+
+
 def _capturing() -> bool:
     """Whether the current CUDA stream is capturing a graph (torch._C's query: no Python frame)."""
     return torch._C._cuda_isCurrentStreamCapturing()
 
 
 def _grid_merge_arg(mode: int) -> int:
-    """The entry's ``grid_merge`` argument for a call of ``mode`` (``_grid_merge``): eager-only merges
-    in the grid only outside CUDA-graph capture."""
+    """The entry's ``grid_merge`` argument for a call of ``mode`` (``_grid_merge``, not NEVER): eager-only
+    merges in the grid only outside CUDA-graph capture; none after a refused cooperative launch
+    (``_grid_merge_refused``)."""
+    if not _GRID_MERGE_USABLE[0]:
+        return 0
     if mode == pipelines.GRID_MERGE_EAGER:
         return 0 if _capturing() else 1
     return mode
@@ -647,10 +677,17 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
         out = new(call.out_shape, dtype=call.dtype)
     lse = new(call.lse_shape, dtype=torch.float32)
     workspace = _flash_workspace(q, call.workspace_numel)
+    grid_merge = _grid_merge_arg(call.grid_merge) if call.grid_merge else 0
     try:
         call.launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
-                    call.softmax_scale, call.grid_merge if call.grid_merge < 2 else _grid_merge_arg(call.grid_merge))
-    except (ValueError, TypeError):
+                    call.softmax_scale, grid_merge)
+    except Exception as exc:
+        if not isinstance(exc, (ValueError, TypeError)):
+            if not _grid_merge_refused(exc, grid_merge):
+                raise
+            call.launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
+                        workspace, call.softmax_scale, 0)
+            return out, lse
         # The compiled function refused an argument (dtype, device, alignment: module docstring):
         # say which, as the API says it, or pass its own message on if these checks find nothing.
         _check_flash_call(call.variant, q, k_cache, block_table, cache_seqlens, head_dim_v,
@@ -893,12 +930,11 @@ class MLADecoder:
             raise RuntimeError("MLADecoder.run called before plan()")
         if torch.compiler.is_compiling():
             return self._run_traced(q, k_cache, block_table, cache_seqlens, out, lse)
-        try:  # the signature (module docstring), one flat tuple
-            key = (q.shape, q.stride(), q.dtype, q.device, k_cache.shape, k_cache.stride(), k_cache.dtype,
-                   block_table.shape, block_table.stride(), block_table.dtype,
-                   cache_seqlens.shape, cache_seqlens.stride(), cache_seqlens.dtype,
-                   None if out is None else (out.shape, out.stride(), out.dtype),
-                   None if lse is None else (lse.shape, lse.stride(), lse.dtype))
+        try:  # the signature (module docstring), one flat tuple: shapes and strides
+            key = (q.shape, q.stride(), k_cache.shape, k_cache.stride(), block_table.shape, block_table.stride(),
+                   cache_seqlens.shape, cache_seqlens.stride(),
+                   None if out is None else (out.shape, out.stride()),
+                   None if lse is None else (lse.shape, lse.stride()))
             launch = self._checked.get(key)
         except (AttributeError, TypeError):
             key = launch = None
@@ -908,8 +944,8 @@ class MLADecoder:
             if key is not None:
                 _remember(self._checked, key, launch)
         launch, grid_merge = launch
-        if grid_merge == 2:  # pipelines.GRID_MERGE_EAGER: in the grid outside CUDA-graph capture only
-            grid_merge = 0 if _capturing() else 1
+        if grid_merge:  # pipelines.grid_merge_mode: eager only, or no longer usable here
+            grid_merge = _grid_merge_arg(grid_merge)
         if out is None:
             out = q.new_empty(self._out_shape)
         own_lse = lse is None
@@ -918,7 +954,13 @@ class MLADecoder:
         try:
             launch(q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits, out,
                    lse, self._workspace, self._scale, grid_merge)
-        except (ValueError, TypeError):
+        except Exception as exc:
+            if not isinstance(exc, (ValueError, TypeError)):
+                if not _grid_merge_refused(exc, grid_merge):
+                    raise
+                launch(q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits, out,
+                       lse, self._workspace, self._scale, 0)
+                return out, lse
             # The compiled function refused an argument: name it as the API does (module docstring).
             self._check_run(q, k_cache, block_table, cache_seqlens, out, None if own_lse else lse)
             _check_kernel_alignment(q, k_cache, out)

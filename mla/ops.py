@@ -75,12 +75,18 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, ca
         if key is not None:
             api._remember(_CALLS, key, launch)
     launch, grid_merge = launch
-    if grid_merge == pipelines.GRID_MERGE_EAGER:
+    if grid_merge:  # pipelines.grid_merge_mode: eager only, or no longer usable here
         grid_merge = api._grid_merge_arg(grid_merge)
     try:
         launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
                float(softmax_scale), grid_merge)
-    except (ValueError, TypeError):
+    except Exception as exc:
+        if not isinstance(exc, (ValueError, TypeError)):
+            if not api._grid_merge_refused(exc, grid_merge):
+                raise
+            launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
+                   float(softmax_scale), 0)
+            return
         # The compiled function refused an argument (device, dtype, alignment): name it as the API does.
         _check(*args, softmax_scale, causal, pipeline, launcher=False)
         api._check_kernel_alignment(q, k_cache, out, workspace)

@@ -113,3 +113,65 @@ def test_the_setting_is_part_of_the_flash_signature(fake_kernel, monkeypatch):
         mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512, meta, splits,
                                    pipeline="2wg")
     assert [c["grid_merge"] for c in fake_kernel.calls] == [1, 0, 1]
+
+
+def test_a_refused_cooperative_launch_falls_back_to_the_merge_kernel_once_and_for_all(fake_kernel, monkeypatch):
+    """MPS limits or green contexts can make the driver refuse the cooperative launch: the call is
+    launched again with the merge kernel, a warning says so once, and no later call asks again."""
+    from cutlass.base_dsl.common import DSLCudaRuntimeError
+
+    monkeypatch.setenv(pipelines.GRID_MERGE_ENV_VAR, "1")
+    monkeypatch.setattr(pipelines, "device_sm_count", lambda device: NUM_SMS)
+    monkeypatch.setattr(mla.api, "_capturing", lambda: False)
+    monkeypatch.setattr(mla.api, "_GRID_MERGE_USABLE", [True])
+    asked = []
+    make = fake_kernel.__call__
+
+    def refusing(*args, **kwargs):
+        launch = make(*args, **kwargs)
+
+        def wrapped(*a):
+            asked.append(a[-1])
+            if a[-1] == 1:
+                raise DSLCudaRuntimeError(720, "cudaErrorCooperativeLaunchTooLarge")
+            return launch(*a)
+        return wrapped
+    monkeypatch.setattr(pipelines, "decode_launcher", refusing)
+    prob = make_decode_problem([100, 0, 3000], s_q=1, h_q=16)
+    dec = mla.MLADecoder(pipeline="2wg", num_sms=NUM_SMS)
+    dec.plan(prob.cache_seqlens, num_heads_q=16, page_size=64)
+    with pytest.warns(RuntimeWarning, match="cooperative launch was refused"):
+        out, lse = dec.run(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens)
+    ref_out, _ = mla.reference.mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens)
+    assert torch.allclose(out.float(), ref_out, atol=2e-2)
+    dec.run(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens)
+    meta, splits = mla.get_mla_metadata(prob.cache_seqlens, 16, 1, num_sms=NUM_SMS)
+    mla.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512, meta, splits,
+                               pipeline="2wg")
+    assert asked == [1, 0, 0, 0]  # refused once, relaunched, then never asked again
+
+
+def test_an_error_that_is_not_a_refusal_propagates(fake_kernel, monkeypatch):
+    monkeypatch.setenv(pipelines.GRID_MERGE_ENV_VAR, "1")
+    monkeypatch.setattr(pipelines, "device_sm_count", lambda device: NUM_SMS)
+    monkeypatch.setattr(mla.api, "_capturing", lambda: False)
+    monkeypatch.setattr(mla.api, "_GRID_MERGE_USABLE", [True])
+    monkeypatch.setattr(pipelines, "decode_launcher",
+                        lambda *a, **k: (lambda *args: (_ for _ in ()).throw(RuntimeError("boom"))))
+    prob = make_decode_problem([100, 3000], s_q=1, h_q=16)
+    dec = mla.MLADecoder(pipeline="2wg", num_sms=NUM_SMS)
+    dec.plan(prob.cache_seqlens, num_heads_q=16, page_size=64)
+    with pytest.raises(RuntimeError, match="boom"):
+        dec.run(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens)
+    assert mla.api._GRID_MERGE_USABLE == [True]
+
+
+def test_a_cached_run_signature_with_another_dtype_still_names_the_argument(fake_kernel):
+    """run's signature leaves dtypes to the compiled function: a q of another dtype with the same shapes
+    is refused there, and the API's checks name what does not match."""
+    prob = make_decode_problem([100, 3000], s_q=1, h_q=16)
+    dec = mla.MLADecoder(pipeline="2wg", num_sms=NUM_SMS)
+    dec.plan(prob.cache_seqlens, num_heads_q=16, page_size=64)
+    dec.run(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens)
+    with pytest.raises(TypeError, match="k_cache must be float16, got bfloat16"):  # as for a new signature
+        dec.run(prob.q.half(), prob.k_cache, prob.block_table, prob.cache_seqlens)
