@@ -4,7 +4,7 @@
 """
 
 SOURCES = [
-    'perf_table/results/nvidia-h200_2026-11-25_6ee086f.json',
+    'perf_table/results/nvidia-h200_2026-11-25_6ee086f.json.gz',
     'perf_table/results/nvidia-h200_2026-11-25_bb79bc4.json.gz',
     'perf_table/results/nvidia-h200_2026-11-25_91342d5.json.gz',
     'perf_table/results/nvidia-h200_2026-11-25_91342d5_rerun.json.gz',
