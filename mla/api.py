@@ -19,8 +19,8 @@ the checks are cached per *signature* (``MLADecoder.run``'s leaves out the dtype
 plan fixes them, and the compiled function checks both on every call, against its static dtypes and
 the plan's own buffers): each tensor's shape, strides and dtype, q's device, the
 scalar arguments with their types, the plan's host-side facts, the pipeline name and the
-``MLA_PIPELINE``/``MLA_MULTICAST`` values (``MLADecoder`` reads them once, in ``__init__`` and
-``plan``). ``"auto"``'s choice is a function of the signature (page size, s_q, h_q, h_kv, batch
+``MLA_PIPELINE``/``MLA_MULTICAST``/``MLA_PARTIAL_DTYPE``/``MLA_SPLIT_CLUSTER``/``MLA_GRID_MERGE``
+values (``MLADecoder`` reads them once, in ``__init__`` and ``plan``). ``"auto"``'s choice is a function of the signature (page size, s_q, h_q, h_kv, batch
 size, block_table's width), so it is made once per signature too. A repeated signature costs one
 dictionary lookup; a new one gets every check, and a failed check is never
 cached. What a signature leaves open is checked by the compiled function itself on every call,
@@ -460,28 +460,43 @@ def _grid_merge(variant: str, shape: validate.DecodeShape, split_cluster: int, n
                                      pipelines.device_sm_count(shape.device), setting, cells)
 
 
-_GRID_MERGE_USABLE = [True]  # False once a cooperative launch was refused in this process
+_grid_merge_usable = True  # False once a cooperative launch was refused in this process
+COOPERATIVE_LAUNCH_TOO_LARGE = 720  # cudaErrorCooperativeLaunchTooLarge (the driver's code is the same)
 
 
 def _grid_merge_refused(exc: BaseException, grid_merge: int) -> bool:
-    """Whether a launch with ``grid_merge`` 1 failed because the cooperative launch was refused (the
-    grid cannot be resident at once here: MPS limits, green contexts, SMs held by other work): then no
-    later call of this process asks for the in-grid merge (a warning says so once), and the caller
-    launches again with the merge kernel. Such a refusal is reported before anything runs, and leaves
-    the context usable (scripts/grid_merge_probe.py)."""
+    """Whether a launch with ``grid_merge`` 1 failed because the driver refused the cooperative launch
+    (the grid cannot be resident at once here: MPS limits, green contexts): then no later call of this
+    process asks for the in-grid merge (a warning says so once), and the caller launches again with the
+    merge kernel. Such a refusal comes before anything runs and leaves the context usable
+    (scripts/grid_merge_probe.py). Any other error is the caller's to raise."""
+    global _grid_merge_usable
     if grid_merge != 1:
         return False
     from cutlass.base_dsl.common import DSLCudaRuntimeError
 
     if not isinstance(exc, DSLCudaRuntimeError):
         return False
-    if _GRID_MERGE_USABLE[0]:
+    code, name = getattr(exc, "_error_code", None), str(getattr(exc, "_error_name", ""))
+    if code != COOPERATIVE_LAUNCH_TOO_LARGE and "COOPERATIVE" not in name.upper():
+        return False
+    if _grid_merge_usable:
         import warnings
 
-        _GRID_MERGE_USABLE[0] = False
-        warnings.warn(f"the in-grid split-kv merge's cooperative launch was refused ({type(exc).__name__}: "
-                      f"{str(exc)[:200]}); this process uses the merge kernel from now on "
-                      f"({pipelines.GRID_MERGE_ENV_VAR}=0 does so from the start)", RuntimeWarning, stacklevel=3)
+        _grid_merge_usable = False
+        warnings.warn(f"the in-grid split-kv merge's cooperative launch was refused ({name or code}); this "
+                      f"process uses the merge kernel from now on ({pipelines.GRID_MERGE_ENV_VAR}=0 does so from "
+                      f"the start)", RuntimeWarning, stacklevel=3)
+    return True
+
+
+def _launch_or_fall_back(exc: BaseException, launch, args: tuple, grid_merge: int) -> bool:
+    """After ``launch(*args, grid_merge)`` raised ``exc`` (not a ValueError/TypeError): launch again
+    with the merge kernel and return True when it was a refused cooperative launch
+    (``_grid_merge_refused``); False when ``exc`` is the caller's to raise."""
+    if not _grid_merge_refused(exc, grid_merge):
+        return False
+    launch(*args, 0)
     return True
 
 
@@ -494,7 +509,7 @@ def _grid_merge_arg(mode: int) -> int:
     """The entry's ``grid_merge`` argument for a call of ``mode`` (``_grid_merge``, not NEVER): eager-only
     merges in the grid only outside CUDA-graph capture; none after a refused cooperative launch
     (``_grid_merge_refused``)."""
-    if not _GRID_MERGE_USABLE[0]:
+    if not _grid_merge_usable:
         return 0
     if mode == pipelines.GRID_MERGE_EAGER:
         return 0 if _capturing() else 1
@@ -683,11 +698,11 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
                     call.softmax_scale, grid_merge)
     except Exception as exc:
         if not isinstance(exc, (ValueError, TypeError)):
-            if not _grid_merge_refused(exc, grid_merge):
-                raise
-            call.launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
-                        workspace, call.softmax_scale, 0)
-            return out, lse
+            args = (q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
+                    call.softmax_scale)
+            if _launch_or_fall_back(exc, call.launch, args, grid_merge):
+                return out, lse
+            raise
         # The compiled function refused an argument (dtype, device, alignment: module docstring):
         # say which, as the API says it, or pass its own message on if these checks find nothing.
         _check_flash_call(call.variant, q, k_cache, block_table, cache_seqlens, head_dim_v,
@@ -956,11 +971,11 @@ class MLADecoder:
                    lse, self._workspace, self._scale, grid_merge)
         except Exception as exc:
             if not isinstance(exc, (ValueError, TypeError)):
-                if not _grid_merge_refused(exc, grid_merge):
-                    raise
-                launch(q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits, out,
-                       lse, self._workspace, self._scale, 0)
-                return out, lse
+                args = (q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits, out,
+                        lse, self._workspace, self._scale)
+                if _launch_or_fall_back(exc, launch, args, grid_merge):
+                    return out, lse
+                raise
             # The compiled function refused an argument: name it as the API does (module docstring).
             self._check_run(q, k_cache, block_table, cache_seqlens, out, None if own_lse else lse)
             _check_kernel_alignment(q, k_cache, out)

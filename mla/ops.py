@@ -22,12 +22,12 @@ per signature the same way, except the block_table width against the longest seq
 the plan's host-side lengths, which the op does not see (the API checks it before calling the op).
 The fake implementation runs the same checks on fake tensors, so a bad call fails at trace time
 with the same ``ValueError``/``TypeError``.
+It always launches the split-kv merge kernel, never the in-grid merge (``MLA_GRID_MERGE``): that
+one writes a word of ``tile_scheduler_metadata``, which the schema declares read-only.
 """
 from __future__ import annotations
 
 import torch
-
-import pipelines
 
 from . import api, validate
 from .reference import HEAD_DIM_V
@@ -52,10 +52,7 @@ def _check(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_
     validate.check_workspace(workspace, api._workspace_numel(shape, tile_scheduler_metadata.shape[0]), shape.device)
     cluster = api._call_split_cluster(getattr(tile_scheduler_metadata, "_mla_plan_info", None), shape,
                                       tile_scheduler_metadata.shape[0])
-    if not launcher:
-        return None
-    return (api._launcher(variant, shape, cluster),
-            api._grid_merge(variant, shape, cluster, tile_scheduler_metadata.shape[0]))
+    return api._launcher(variant, shape, cluster) if launcher else None
 
 
 def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, cache_seqlens: torch.Tensor,
@@ -66,7 +63,7 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, ca
     try:  # the signature, as mla.api keys it: every tensor's shape, strides and dtype, q's device
         key = (tuple(api._sig(t) for t in args), q.device, type(softmax_scale), softmax_scale, type(causal), causal,
                pipeline, api._pipeline_env_raw() if pipeline == "auto" else None, api._multicast_env_raw(), api._partial_env_raw(),
-               api._split_cluster_env_raw(), api._grid_merge_env_raw())
+               api._split_cluster_env_raw())
         launch = _CALLS.get(key)
     except (AttributeError, TypeError):  # non-tensors, unhashables: the checks name them
         key = launch = None
@@ -74,19 +71,12 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, ca
         launch = _check(*args, softmax_scale, causal, pipeline, launcher=True)
         if key is not None:
             api._remember(_CALLS, key, launch)
-    launch, grid_merge = launch
-    if grid_merge:  # pipelines.grid_merge_mode: eager only, or no longer usable here
-        grid_merge = api._grid_merge_arg(grid_merge)
     try:
+        # grid_merge 0: the op never merges in the decode's grid, whose barrier writes a word of the plan,
+        # which the schema declares read-only (docs/interfaces.md, "In-grid merge").
         launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
-               float(softmax_scale), grid_merge)
-    except Exception as exc:
-        if not isinstance(exc, (ValueError, TypeError)):
-            if not api._grid_merge_refused(exc, grid_merge):
-                raise
-            launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
-                   float(softmax_scale), 0)
-            return
+               float(softmax_scale), 0)
+    except (ValueError, TypeError):
         # The compiled function refused an argument (device, dtype, alignment): name it as the API does.
         _check(*args, softmax_scale, causal, pipeline, launcher=False)
         api._check_kernel_alignment(q, k_cache, out, workspace)

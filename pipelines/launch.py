@@ -241,7 +241,7 @@ class DecodeEntry:
                           multicast=c.cluster > 1, split_cluster=c.split_cluster)
         self.partial_dtype = cutlass.Float32 if c.partial == "float32" else cdt
         self.merge = SplitMerge(cdt, c.num_heads_q, c.seqlen_q, self.partial_dtype)
-        self.decode.merger = self.merge  # used where the kernel merges in its grid (grid_merges)
+        self.decode.merger = self.merge  # used where the kernel merges in its grid (can_merge_in_grid)
 
     @cute.jit
     def __call__(self, q: cute.Tensor, k_cache: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,
@@ -249,11 +249,11 @@ class DecodeEntry:
                  workspace: cute.Tensor, softmax_scale: cutlass.Float32, grid_merge: cutlass.Int32,
                  stream: cuda.CUstream):
         """``grid_merge`` != 0: the decode kernel merges the split requests in its own grid (a
-        cooperative launch, no merge kernel; only where the kernel ``grid_merges()``, else ignored). The
-        caller passes it only for a grid that fits the GPU at once (``pipelines.grid_merge_fits``)."""
+        cooperative launch, no merge kernel; only where the kernel ``can_merge_in_grid()``, else ignored).
+        The caller passes it only for a grid that fits the GPU at once (``pipelines.grid_merge_mode``)."""
         o_accum, lse_accum = self.workspace_views(q, tile_scheduler_metadata, workspace)
         merge_tiles = self.merge_tiles(block_table)
-        if cutlass.const_expr(self.decode.grid_merges()):
+        if cutlass.const_expr(self.decode.can_merge_in_grid()):
             merge_y = self.merge.in_grid_y(merge_tiles, num_splits.shape[0] - 1, tile_scheduler_metadata.shape[0])
             self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                         o_accum, lse_accum, softmax_scale, grid_merge, merge_y, self.merge.out_rows(out), lse,
@@ -372,7 +372,8 @@ def lookup_entry(config: DecodeConfig):
 
 def decode_launcher(config: DecodeConfig):
     """Callable ``(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out,
-    lse, workspace, softmax_scale)`` launching the decode of ``config`` on the current torch stream.
+    lse, workspace, softmax_scale, grid_merge)`` launching the decode of ``config`` on the current torch
+    stream (``grid_merge``: ``DecodeEntry.__call__``).
 
     With one kv head it is the compiled TVM-FFI function itself; with several it first copies q into
     the per-kv-head grouping the kernel reads (``pipelines.heads.group_queries``).

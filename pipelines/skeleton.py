@@ -137,7 +137,7 @@ class MLADecodeBase:
         mMeta [num_parts, 8] i32; mNumSplits [b + 1] i32; mO [b, s_q, h_q, 512]; mLSE [b, h_q, s_q] f32;
         mOaccum [splits, s_q * h_q, 512] f32 and mLSEaccum [splits, s_q * h_q] f32 (workspace rows in
         out's row order, s_idx * h_q + head, whatever h_kv).
-        ``grid_merge`` != 0 (only where ``grid_merges()``): launch cooperatively and merge the split
+        ``grid_merge`` != 0 (only where ``can_merge_in_grid()``): launch cooperatively and merge the split
         requests in this grid (``grid_merge``): ``merge_y`` is the merge's grid extent ``Y``, ``mMerge*``
         the merge kernel's views (out as ``[b, rows, 512]``, lse, o_accum, lse_accum as the workspace
         holds them).
@@ -186,8 +186,8 @@ class MLADecodeBase:
         if const_expr(self.split_cluster > 1):
             parts = split_groups_expr(mMeta.shape[0], self.split_cluster) * self.split_cluster
         self.kernel(tma_q, mQ_tma, tma_k, mK_load, mBlockTable, mSeqlens, mMeta, mNumSplits, mO, mLSE,
-                    mOaccum, mLSEaccum, scale_log2, sQ_layout, sK_layout, sP_layout, grid_merge, merge_y, mMergeO, mMergeLSE,
-                    mMergeOaccum, mMergeLSEaccum).launch(
+                    mOaccum, mLSEaccum, scale_log2, sQ_layout, sK_layout, sP_layout, grid_merge, merge_y, mMergeO,
+                    mMergeLSE, mMergeOaccum, mMergeLSEaccum).launch(
             grid=[self.num_m_blocks, parts, self.h_kv],
             block=[self.num_threads, 1, 1],
             # The m-block CTAs of one plan part (same chunks, same K tiles) form a cluster along x;
@@ -199,7 +199,7 @@ class MLADecodeBase:
             use_pdl=self.dependent_launch,
             # The grid barrier needs every CTA resident at once: a cooperative launch makes the driver
             # refuse a grid that cannot be (an error, never a hang).
-            cooperative=grid_merge != 0,
+            cooperative=(grid_merge != 0) if const_expr(self.can_merge_in_grid()) else False,
         )
 
     def shared_storage_struct(self, dtype, sQ_layout, sK_layout, sP_layout):
@@ -219,6 +219,8 @@ class MLADecodeBase:
             "sK": align[mem[dtype, cute.cosize(sK_layout)], 1024],
             "sP": align[mem[dtype, cute.cosize(sP_layout)], 1024],
         }
+        if self.can_merge_in_grid():  # the in-grid merge's shared memory lives in P's tile
+            assert merge_kernel.SMEM_BYTES <= cute.cosize(sP_layout) * dtype.width // 8, "sP too small for the merge"
         if self.epilogue_scratch_bytes:  # the variant's epilogue staging (16-byte aligned)
             fields["scratch"] = align[mem[cutlass.Uint8, self.epilogue_scratch_bytes], 16]
         fields.update(self.extra_shared_fields())
@@ -238,7 +240,7 @@ class MLADecodeBase:
     def any_cluster(self) -> bool:
         return self.cluster > 1 or self.split_cluster > 1
 
-    def grid_merges(self) -> bool:
+    def can_merge_in_grid(self) -> bool:
         """Whether this kernel can merge in its grid (``in_grid_merge``, a merger set, 256 threads, no
         split cluster: a split cluster merges in its own epilogue)."""
         return self.in_grid_merge and self.merger is not None and self.num_threads == 256 and self.split_cluster == 1
@@ -338,13 +340,13 @@ class MLADecodeBase:
             if const_expr(not self.arrives_early()):
                 cute.arch.cluster_arrive()
             cute.arch.cluster_wait()
-        if const_expr(self.grid_merges()):
+        if const_expr(self.can_merge_in_grid()):
             if grid_merge != 0:
-                self.grid_merge(tidx, m_block, part, kv_head, mMeta, mNumSplits, storage, merge_y, mMergeO,
+                self.merge_in_grid(tidx, m_block, part, kv_head, mMeta, mNumSplits, storage, merge_y, mMergeO,
                                 mMergeLSE, mMergeOaccum, mMergeLSEaccum)
 
     @cute.jit
-    def grid_merge(self, tidx: Int32, m_block: Int32, part: Int32, kv_head: Int32, mMeta: cute.Tensor,
+    def merge_in_grid(self, tidx: Int32, m_block: Int32, part: Int32, kv_head: Int32, mMeta: cute.Tensor,
                    mNumSplits: cute.Tensor, storage, merge_y: Int32, mMergeO: cute.Tensor, mMergeLSE: cute.Tensor,
                    mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor):
         """The split-kv merge in this grid (``in_grid_merge``), after the CTA's roles stored its outputs.
@@ -352,9 +354,10 @@ class MLADecodeBase:
         Grid cell ``(part, y)`` of the merge kernel's ``[num_parts, Y]`` grid (``SplitMerge.merge_slot``)
         goes to the CTAs of plan part ``part``: CTA ``m_block + kv_head * num_m_blocks`` takes every
         ``y`` from it in steps of ``num_m_blocks * h_kv``. Every CTA counts itself on the grid barrier
-        (``split_k.grid_sync``: the plan's reserved word ``[0, GRID_COUNT_COLUMN]``); only a CTA with merge work (its part begins a continuation chunk and it has a
-        ``y``) waits for the others, and the CTA's threads then merge. P's tile, unused from here on,
-        holds the merge's shared memory (4 KB of the 8).
+        (``split_k.grid_sync``: the plan's reserved word ``[0, GRID_COUNT_COLUMN]``); only a CTA with
+        merge work (its part begins a continuation chunk and it has a ``y``) waits for the others, and
+        the CTA's threads then merge. P's tile, unused from here on (the last wgmma that read it was
+        waited for), holds the merge's shared memory (``merge_kernel.smem_views``, 4160 of its 8192 bytes).
         """
         nx, ny, nz = cute.arch.grid_dim()
         first_y = kv_head * self.num_m_blocks + m_block
@@ -376,11 +379,7 @@ class MLADecodeBase:
         if works != 0:
             cute.arch.sync_threads()  # thread 0's acquire, then every thread's reads of the partials
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
-            f32 = cute.recast_ptr(storage.sP.data_ptr(), dtype=Float32)
-            sAcc = cute.make_tensor(f32, cute.make_layout((merge_kernel.CHUNK, merge_kernel.WARPS)))
-            sM = cute.make_tensor(f32 + merge_kernel.CHUNK * merge_kernel.WARPS, cute.make_layout(merge_kernel.WARPS))
-            sS = cute.make_tensor(f32 + (merge_kernel.CHUNK + 1) * merge_kernel.WARPS,
-                                  cute.make_layout(merge_kernel.WARPS))
+            sAcc, sM, sS = merge_kernel.smem_views(cute.recast_ptr(storage.sP.data_ptr(), dtype=Float32))
             for y in cutlass.range(first_y, merge_y, nx * nz, unroll=1):
                 self.merger.merge_slot(r, begin_split, y, merge_y, warp, tidx % 32, sAcc, sM, sS, mMergeOaccum,
                                        mMergeLSEaccum, mNumSplits, mMergeO, mMergeLSE, self.merger.max_loads, False)

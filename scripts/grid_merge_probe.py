@@ -36,7 +36,9 @@ def main() -> int:
         torch.cuda.synchronize()
         print("no exception (the launch ran)", flush=True)
     except Exception as exc:  # noqa: BLE001 - what it raises is the question
-        print(f"raised {type(exc).__module__}.{type(exc).__name__}: {str(exc)[:400]}", flush=True)
+        print(f"raised {type(exc).__module__}.{type(exc).__name__} (error code {getattr(exc, '_error_code', None)}, "
+              f"name {getattr(exc, '_error_name', None)!r}): {str(exc)[:400]}", flush=True)
+        print(f"the API takes it for a refused cooperative launch: {mla.api._grid_merge_refused(exc, 1)}", flush=True)
     out2, lse2 = mla.flash_mla_with_kvcache(p.q, p.k_cache, p.block_table, p.cache_seqlens, 512,
                                             *mla.get_mla_metadata(p.cache_seqlens, 16, 1))
     torch.cuda.synchronize()

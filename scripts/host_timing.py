@@ -221,6 +221,7 @@ def pieces(args) -> int:
     lse = torch.empty(call.lse_shape, dtype=torch.float32, device=dev)
     ws = torch.empty(call.workspace_numel, dtype=torch.float32, device=dev)
     tiny = torch.zeros(4, device=dev)
+    gm = api._grid_merge_arg(call.grid_merge) if call.grid_merge else 0  # what the eager call passes
     steps = {
         "flash_mla_with_kvcache (whole call)": lambda: mla.flash_mla_with_kvcache(q, k, bt, sl, 512, meta, splits),
         "signature key": lambda: api._flash_key("auto", q, k, bt, sl, 512, meta, splits, None, False, None),
@@ -229,8 +230,7 @@ def pieces(args) -> int:
         "torch.empty out (device object)": lambda: torch.empty(call.out_shape, dtype=call.dtype, device=dev),
         "q.new_empty out": lambda: q.new_empty(call.out_shape, dtype=call.dtype),
         "torch.empty workspace": lambda: torch.empty(call.workspace_numel, dtype=torch.float32, device=dev),
-        "compiled launch": lambda: call.launch(q, k, bt, sl, meta, splits, out, lse, ws, call.softmax_scale,
-                                               call.grid_merge),
+        "compiled launch": lambda: call.launch(q, k, bt, sl, meta, splits, out, lse, ws, call.softmax_scale, gm),
         "torch add_ (4-element CUDA tensor)": lambda: tiny.add_(1.0),
     }
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; b{args.b} s_q1 h{args.h_q} seqlen "

@@ -84,6 +84,20 @@ LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
 
+SMEM_BYTES = (CHUNK + 2) * WARPS * 4
+"""Shared memory of one merge CTA: the ``(CHUNK, WARPS)`` fp32 accumulators, then the warps' maxima
+and sums (``SplitMerge``'s ``SharedStorage``; ``smem_views`` lays them out the same way)."""
+
+
+def smem_views(f32_ptr):
+    """``(sAcc (CHUNK, WARPS), sM (WARPS), sS (WARPS))`` fp32 views from ``f32_ptr`` (16-byte aligned,
+    ``SMEM_BYTES`` of room): where the in-grid merge keeps what the merge kernel's ``SharedStorage`` holds."""
+    sAcc = cute.make_tensor(f32_ptr, cute.make_layout((CHUNK, WARPS)))
+    sM = cute.make_tensor(f32_ptr + CHUNK * WARPS, cute.make_layout(WARPS))
+    sS = cute.make_tensor(f32_ptr + (CHUNK + 1) * WARPS, cute.make_layout(WARPS))
+    return sAcc, sM, sS
+
+
 def loads_in_flight(partial_bytes: int) -> int:
     """The most splits per round of one warp, for partials of ``partial_bytes`` bytes per element."""
     return LOADS_WIDE if partial_bytes <= 2 else LOADS_NARROW
@@ -277,7 +291,8 @@ class SplitMerge:
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
             self.merge_slot(r, begin_split, cta_y, grid_y, warp, lane,
                             storage.acc.get_tensor(cute.make_layout((CHUNK, WARPS))),
-                            storage.m.get_tensor(cute.make_layout(WARPS)), storage.s.get_tensor(cute.make_layout(WARPS)),
+                            storage.m.get_tensor(cute.make_layout(WARPS)),
+                            storage.s.get_tensor(cute.make_layout(WARPS)),
                             mOaccum, mLSEaccum, mNumSplits, mO, mLSE, loads, True)
         elif part == 0 and cta_y == 0:
             # One CTA waits even when it has nothing to merge, so that this grid completes only after

@@ -123,7 +123,7 @@ def test_a_refused_cooperative_launch_falls_back_to_the_merge_kernel_once_and_fo
     monkeypatch.setenv(pipelines.GRID_MERGE_ENV_VAR, "1")
     monkeypatch.setattr(pipelines, "device_sm_count", lambda device: NUM_SMS)
     monkeypatch.setattr(mla.api, "_capturing", lambda: False)
-    monkeypatch.setattr(mla.api, "_GRID_MERGE_USABLE", [True])
+    monkeypatch.setattr(mla.api, "_grid_merge_usable", True)
     asked = []
     make = fake_kernel.__call__
 
@@ -151,19 +151,22 @@ def test_a_refused_cooperative_launch_falls_back_to_the_merge_kernel_once_and_fo
     assert asked == [1, 0, 0, 0]  # refused once, relaunched, then never asked again
 
 
-def test_an_error_that_is_not_a_refusal_propagates(fake_kernel, monkeypatch):
+@pytest.mark.parametrize("error", ["runtime", "illegal-address"])
+def test_an_error_that_is_not_a_refusal_propagates(fake_kernel, monkeypatch, error):
+    from cutlass.base_dsl.common import DSLCudaRuntimeError
+
     monkeypatch.setenv(pipelines.GRID_MERGE_ENV_VAR, "1")
     monkeypatch.setattr(pipelines, "device_sm_count", lambda device: NUM_SMS)
     monkeypatch.setattr(mla.api, "_capturing", lambda: False)
-    monkeypatch.setattr(mla.api, "_GRID_MERGE_USABLE", [True])
-    monkeypatch.setattr(pipelines, "decode_launcher",
-                        lambda *a, **k: (lambda *args: (_ for _ in ()).throw(RuntimeError("boom"))))
+    monkeypatch.setattr(mla.api, "_grid_merge_usable", True)
+    exc = RuntimeError("boom") if error == "runtime" else DSLCudaRuntimeError(700, "boom: cudaErrorIllegalAddress")
+    monkeypatch.setattr(pipelines, "decode_launcher", lambda *a, **k: (lambda *args: (_ for _ in ()).throw(exc)))
     prob = make_decode_problem([100, 3000], s_q=1, h_q=16)
     dec = mla.MLADecoder(pipeline="2wg", num_sms=NUM_SMS)
     dec.plan(prob.cache_seqlens, num_heads_q=16, page_size=64)
-    with pytest.raises(RuntimeError, match="boom"):
+    with pytest.raises(Exception, match="boom"):
         dec.run(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens)
-    assert mla.api._GRID_MERGE_USABLE == [True]
+    assert mla.api._grid_merge_usable is True
 
 
 def test_a_cached_run_signature_with_another_dtype_still_names_the_argument(fake_kernel):
