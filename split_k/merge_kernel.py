@@ -86,12 +86,12 @@ LN2 = math.log(2.0)
 
 SMEM_BYTES = (CHUNK + 2) * WARPS * 4
 """Shared memory of one merge CTA: the ``(CHUNK, WARPS)`` fp32 accumulators, then the warps' maxima
-and sums (``SplitMerge``'s ``SharedStorage``; ``smem_views`` lays them out the same way)."""
+and sums (``smem_views``; the merge kernel's ``SharedStorage`` and the in-grid merge's P tile)."""
 
 
 def smem_views(f32_ptr):
     """``(sAcc (CHUNK, WARPS), sM (WARPS), sS (WARPS))`` fp32 views from ``f32_ptr`` (16-byte aligned,
-    ``SMEM_BYTES`` of room): where the in-grid merge keeps what the merge kernel's ``SharedStorage`` holds."""
+    ``SMEM_BYTES`` of room): the merge's shared memory, in the merge kernel and in the in-grid merge."""
     sAcc = cute.make_tensor(f32_ptr, cute.make_layout((CHUNK, WARPS)))
     sM = cute.make_tensor(f32_ptr + CHUNK * WARPS, cute.make_layout(WARPS))
     sS = cute.make_tensor(f32_ptr + (CHUNK + 1) * WARPS, cute.make_layout(WARPS))
@@ -201,10 +201,8 @@ class SplitMerge:
         """``max_tiles``: the block table's capacity in 64-token tiles (``capacity_tiles``), for
         ``n_est`` (module docstring)."""
         @cute.struct
-        class SharedStorage:
-            acc: cute.struct.Align[cute.struct.MemRange[Float32, WARPS * CHUNK], 16]
-            m: cute.struct.MemRange[Float32, WARPS]
-            s: cute.struct.MemRange[Float32, WARPS]
+        class SharedStorage:  # laid out by smem_views, which the in-grid merge uses as well
+            buf: cute.struct.Align[cute.struct.MemRange[Float32, SMEM_BYTES // 4], 16]
 
         self.shared_storage = SharedStorage
         batch = mNumSplits.shape[0] - 1
@@ -289,10 +287,8 @@ class SplitMerge:
         r = mMeta[part, BEGIN_REQ]
         if begin_split >= 1:  # this part begins chunk begin_split of a split request: one of its slots
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
-            self.merge_slot(r, begin_split, cta_y, grid_y, warp, lane,
-                            storage.acc.get_tensor(cute.make_layout((CHUNK, WARPS))),
-                            storage.m.get_tensor(cute.make_layout(WARPS)),
-                            storage.s.get_tensor(cute.make_layout(WARPS)),
+            sAcc, sM, sS = smem_views(storage.buf.data_ptr())
+            self.merge_slot(r, begin_split, cta_y, grid_y, warp, lane, sAcc, sM, sS,
                             mOaccum, mLSEaccum, mNumSplits, mO, mLSE, loads, True)
         elif part == 0 and cta_y == 0:
             # One CTA waits even when it has nothing to merge, so that this grid completes only after
