@@ -20,8 +20,8 @@ plan fixes them, and the compiled function checks both on every call, against it
 the plan's own buffers): each tensor's shape, strides and dtype, q's device, the
 scalar arguments with their types, the plan's host-side facts, the pipeline name and the
 ``MLA_PIPELINE``/``MLA_MULTICAST``/``MLA_PARTIAL_DTYPE``/``MLA_SPLIT_CLUSTER``/``MLA_GRID_MERGE``
-values (``MLADecoder`` reads them once, in ``__init__`` and ``plan``). ``"auto"``'s choice is a function of the signature (page size, s_q, h_q, h_kv, batch
-size, block_table's width), so it is made once per signature too. A repeated signature costs one
+values (``MLADecoder`` reads them once, in ``__init__`` and ``plan``). ``"auto"``'s choice is a
+function of the signature (page size, s_q, h_q, h_kv, batch size, block_table's width), so it is made once per signature too. A repeated signature costs one
 dictionary lookup; a new one gets every check, and a failed check is never
 cached. What a signature leaves open is checked by the compiled function itself on every call,
 in C, before it launches (TVM-FFI's argument decoding against the compiled signature: every
@@ -696,13 +696,7 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
     try:
         call.launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
                     call.softmax_scale, grid_merge)
-    except Exception as exc:
-        if not isinstance(exc, (ValueError, TypeError)):
-            args = (q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
-                    call.softmax_scale)
-            if _launch_or_fall_back(exc, call.launch, args, grid_merge):
-                return out, lse
-            raise
+    except (ValueError, TypeError):
         # The compiled function refused an argument (dtype, device, alignment: module docstring):
         # say which, as the API says it, or pass its own message on if these checks find nothing.
         _check_flash_call(call.variant, q, k_cache, block_table, cache_seqlens, head_dim_v,
@@ -710,6 +704,11 @@ def flash_mla_with_kvcache(q, k_cache, block_table, cache_seqlens, head_dim_v, t
                           softmax_scale, causal, out, launcher=False)
         _check_kernel_alignment(q, k_cache, out, workspace)
         raise
+    except Exception as exc:
+        args = (q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
+                call.softmax_scale)
+        if not _launch_or_fall_back(exc, call.launch, args, grid_merge):
+            raise
     return out, lse
 
 
@@ -969,17 +968,16 @@ class MLADecoder:
         try:
             launch(q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits, out,
                    lse, self._workspace, self._scale, grid_merge)
-        except Exception as exc:
-            if not isinstance(exc, (ValueError, TypeError)):
-                args = (q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits, out,
-                        lse, self._workspace, self._scale)
-                if _launch_or_fall_back(exc, launch, args, grid_merge):
-                    return out, lse
-                raise
+        except (ValueError, TypeError):
             # The compiled function refused an argument: name it as the API does (module docstring).
             self._check_run(q, k_cache, block_table, cache_seqlens, out, None if own_lse else lse)
             _check_kernel_alignment(q, k_cache, out)
             raise
+        except Exception as exc:
+            args = (q, k_cache, block_table, cache_seqlens, self.tile_scheduler_metadata, self.num_splits, out, lse,
+                    self._workspace, self._scale)
+            if not _launch_or_fall_back(exc, launch, args, grid_merge):
+                raise
         return out, lse
 
     def _run_traced(self, q, k_cache, block_table, cache_seqlens, out, lse):

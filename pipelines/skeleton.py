@@ -343,12 +343,12 @@ class MLADecodeBase:
         if const_expr(self.can_merge_in_grid()):
             if grid_merge != 0:
                 self.merge_in_grid(tidx, m_block, part, kv_head, mMeta, mNumSplits, storage, merge_y, mMergeO,
-                                mMergeLSE, mMergeOaccum, mMergeLSEaccum)
+                                   mMergeLSE, mMergeOaccum, mMergeLSEaccum)
 
     @cute.jit
     def merge_in_grid(self, tidx: Int32, m_block: Int32, part: Int32, kv_head: Int32, mMeta: cute.Tensor,
-                   mNumSplits: cute.Tensor, storage, merge_y: Int32, mMergeO: cute.Tensor, mMergeLSE: cute.Tensor,
-                   mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor):
+                      mNumSplits: cute.Tensor, storage, merge_y: Int32, mMergeO: cute.Tensor, mMergeLSE: cute.Tensor,
+                      mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor):
         """The split-kv merge in this grid (``in_grid_merge``), after the CTA's roles stored its outputs.
 
         Grid cell ``(part, y)`` of the merge kernel's ``[num_parts, Y]`` grid (``SplitMerge.merge_slot``)
