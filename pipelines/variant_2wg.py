@@ -29,7 +29,6 @@ BAR_P_FULL = 1
 BAR_P_EMPTY = 2
 BAR_WG0 = 3
 BAR_WG1 = 4
-BAR_PV_ISSUED = 5  # qk_ahead: WG1 arrives once its P.V of a tile is issued; WG0 waits before its next QK
 HALF = HEAD_DIM_V // 2
 
 
@@ -86,13 +85,6 @@ class MLADecode2WG(MLADecodeBase):
     # b8 h64 4096 and lost 0.4-1% at b1 h128 16384 and 0.3-0.9% at b128 h128 4096; the narrow kernel,
     # which gained 1.3-2.7%, sets it. A class constant (an A/B sets it on a subclass).
     q_warp_apart = False
-    # WG0 issues the QK of tile t + 1 right behind its P.V of tile t (``wg0_tiles_qk_ahead``), so the
-    # tensor cores go from the P.V straight into the next QK instead of idling through WG0's wait for
-    # its P.V, the stage release, the loop and the next stage wait. Unlike the twelfth session's form
-    # (10% slower: WG1's P.V of t was queued behind the new QK, so the stage of t was released a whole
-    # QK later) WG0 first waits on BAR_PV_ISSUED until WG1 has issued its P.V of t, so the tensor pipe
-    # takes both P.V halves before the QK. A class constant (an A/B sets it on a subclass).
-    qk_ahead = True
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -136,22 +128,26 @@ class MLADecode2WG(MLADecodeBase):
             row_limit = self.row_limits(seqlen, m_block, tScS)
 
             pipe_q.consumer_wait(q_state)
-            if const_expr(self.qk_ahead):
-                k_state = self.wg0_tiles_qk_ahead(wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV,
-                                                  tPsP, tScS, acc_o, acc_o_mn, row_max, row_sum, row_scale,
-                                                  s_row_scale, sK, pipe_k, k_state, scale_log2)
-            else:
-                for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
-                    self.loader.consumer_wait(pipe_k, k_state)
-                    acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
-                    self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
-                    warpgroup.wait_group(0)
-                    rP = self.wg0_softmax_hand_off(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max,
-                                                   row_sum, row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
-                    self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
-                    warpgroup.wait_group(0)
-                    self.loader.consumer_release(pipe_k, k_state)
-                    k_state.advance()
+            for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
+                self.loader.consumer_wait(pipe_k, k_state)
+                acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
+                self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
+                warpgroup.wait_group(0)
+
+                self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+
+                rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
+                rP.store(acc_s.load().to(self.dtype))
+                self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
+
+                softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
+                valid = seqlen - blk * BLOCK_N
+                if valid < BLOCK_N:
+                    self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
+                self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
+                warpgroup.wait_group(0)
+                self.loader.consumer_release(pipe_k, k_state)
+                k_state.advance()
             if const_expr(self.arrives_early()):
                 if r == end_req:  # this warpgroup's last release (to the peer too) is behind it
                     cute.arch.cluster_arrive()
@@ -161,61 +157,6 @@ class MLADecode2WG(MLADecodeBase):
             self.wg0_store_chunk(wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, mma_pv_rs, row_max,
                                  row_sum, tScS, s_row_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage)
         self.wg0_exit(begin_req, end_req)
-
-    @cute.jit
-    def wg0_softmax_hand_off(self, acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum, row_scale,
-                             s_row_scale, sK, k_state, scale_log2, wg_tidx):
-        """WG0 between a tile's QK and its P.V: mask + online softmax of S, P (16-bit registers, returned)
-        handed to WG1, O rescaled where the max moved, and a tail tile's V rows zeroed in WG0's half."""
-        self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
-        rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
-        rP.store(acc_s.load().to(self.dtype))
-        self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
-        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-        valid = seqlen - blk * BLOCK_N
-        if valid < BLOCK_N:
-            self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
-        return rP
-
-    @cute.jit
-    def wg0_tiles_qk_ahead(self, wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV, tPsP, tScS,
-                           acc_o, acc_o_mn, row_max, row_sum, row_scale, s_row_scale, sK, pipe_k, k_state,
-                           scale_log2):
-        """WG0's tiles of one chunk with the next tile's QK issued behind each P.V (``qk_ahead``).
-
-        The chunk's first QK is issued before the loop; each tile then runs its softmax on the S the
-        previous step left, issues its P.V, and (if a tile follows) waits for the next stage, waits on
-        BAR_PV_ISSUED for WG1's P.V of this tile, issues the next QK into the same S registers (P lives
-        in its own 16-bit registers) and retires the P.V (``wait_group(1)``) before releasing the stage,
-        then the QK. Every wgmma group is retired inside the branch that issued it: a group in flight
-        across a dynamic branch or a loop iteration makes ptxas serialize every wgmma (C7520). Returns
-        the consumer state past the chunk (the DSL rebinds a state advanced in a loop, so the caller
-        takes it back)."""
-        acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
-        if start < stop:
-            self.loader.consumer_wait(pipe_k, k_state)
-            self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
-            warpgroup.wait_group(0)
-        k_next = k_state.clone()
-        k_next.advance()
-        for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
-            rP = self.wg0_softmax_hand_off(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum,
-                                           row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
-            if blk + self.split_cluster < stop:
-                self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
-                self.loader.consumer_wait(pipe_k, k_next)
-                cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
-                self.issue_qk(acc_s, tSrQ, tSrK, k_next.index)
-                warpgroup.wait_group(1)
-                self.loader.consumer_release(pipe_k, k_state)
-                warpgroup.wait_group(0)
-            else:
-                self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
-                warpgroup.wait_group(0)
-                self.loader.consumer_release(pipe_k, k_state)
-            k_state.advance()
-            k_next.advance()
-        return k_state
 
     @cute.jit
     def wg0_fragments(self, wg_tidx, sQ, sK, sP, sV0):
@@ -321,9 +262,6 @@ class MLADecode2WG(MLADecodeBase):
                 if valid < BLOCK_N:
                     self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
                 self.issue_pv(acc_o, tOrP, tOrV, k_state.index)
-                if const_expr(self.qk_ahead):
-                    if blk + self.split_cluster < stop:  # WG0 issues the next QK behind this P.V
-                        cute.arch.barrier_arrive(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
                 warpgroup.wait_group(0)
                 cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
                 self.loader.consumer_release(pipe_k, k_state)

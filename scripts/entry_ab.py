@@ -54,8 +54,6 @@ MODES = {
     "2wg-q-warp0": ("2wg", dict(q_warp_apart=False), True),  # Q's TMA from the K producer warp 0 (narrow kernel)
     "2wg-q-apart": ("2wg", dict(q_warp_apart=True), True),  # Q's TMA from a warp without K boxes (64-row kernel)
     "2wg-evict-last": ("2wg", dict(kv_l2_hint="evict_last"), True),
-    "2wg-qk-ahead": ("2wg", dict(qk_ahead=True), True),  # 64-row kernel: next QK behind the P.V (after WG1's issue)
-    "2wg-no-qk-ahead": ("2wg", dict(qk_ahead=False), True),  # 64-row kernel: next QK after the P.V retired
     "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
     "seesaw": ("seesaw", None, False),
