@@ -93,12 +93,6 @@ class MLADecodeBase:
     # Bytes of shared memory a variant's epilogue stages its output through (``storage.scratch``,
     # 16-byte aligned); 0: none.
     epilogue_scratch_bytes = 0
-    # The score product's k-steps (36 wgmma of 16 dims) alternate between this many accumulators, summed
-    # after the wait (``issue_qk``'s ``acc_s2``, ``fold_chains``): a wgmma that accumulates into the
-    # registers the previous one writes waits for it, and a 64x64x16 (or 64x16x16) step is too short for
-    # the tensor pipe to hide that; two independent chains keep two steps in flight. 1: one chain. A
-    # class constant (the kernel cache keys on the sources; an A/B sets it on a subclass).
-    qk_chains = 1
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -437,26 +431,17 @@ class MLADecodeBase:
         return mma_qk, mma_pv_rs, mma_pv_ss
 
     @cute.jit
-    def issue_qk(self, acc_s, tSrQ, tSrK, stage, acc_s2=None):
+    def issue_qk(self, acc_s, tSrQ, tSrK, stage):
         """S = Q.K^T of the K tile in ``stage``, issued and committed as one wgmma group (not waited
         for; the caller waited for the tile). A fresh MMA object: the ACCUMULATE state set here inside
-        a caller's branch or loop must not escape it. With ``acc_s2`` (``new_qk_chains``) k-step k goes to
-        chain k % qk_chains; the caller adds the chains into ``acc_s`` after the wait (``fold_chains``)."""
+        a caller's branch or loop must not escape it."""
         mma_qk, _, _ = self.tiled_mmas()
         # A barrier wait is a loop (a branch) before the wgmma chain: the fence comes after it.
         warpgroup.fence()
-        chained_gemm(mma_qk, acc_s, acc_s2, cute.size(tSrQ, mode=[2]),
-                     lambda k: tSrQ[None, None, k], lambda k: tSrK[None, None, k, stage])
+        for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
+            mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+            cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
         warpgroup.commit_group()
-
-    @cute.jit
-    def new_qk_chains(self, acc_s):
-        """The extra score accumulators of ``qk_chains`` > 1 (a tuple of ``qk_chains - 1`` tensors shaped
-        like ``acc_s``), else None."""
-        extra = None
-        if const_expr(self.qk_chains > 1):
-            extra = tuple(cute.make_rmem_tensor_like(acc_s, Float32) for _ in range(self.qk_chains - 1))
-        return extra
 
     @cute.jit
     def issue_pv(self, acc_o, tOrP, tOrV, stage, p_in_registers: cutlass.Constexpr[bool] = False):
@@ -836,27 +821,3 @@ def _load_cluster_f32(local_ptr, rank) -> Float32:
     """Load the fp32 at ``local_ptr``'s offset in the shared memory of cluster CTA ``rank``."""
     remote = cute.arch.map_dsmem_ptr(local_ptr, rank)
     return Float32(llvm.load(Float32.mlir_type, remote.to_llvm_ptr()))
-
-
-@cute.jit
-def chained_gemm(tiled_mma, acc, extra, n_k: cutlass.Constexpr[int], a_of, b_of):
-    """``acc = sum_k A_k.B_k`` over ``n_k`` wgmma k-steps; with ``extra`` (a tuple of accumulators, or
-    None) step k goes to chain ``k % (1 + len(extra))`` (``acc`` is chain 0), independent accumulator
-    chains that ``fold_chains`` adds up after the wait. Each chain's first step overwrites."""
-    chains = 1 if const_expr(extra is None) else 1 + len(extra)
-    for k in cutlass.range_constexpr(n_k):
-        c = k % chains
-        dst = acc if const_expr(c == 0) else extra[c - 1]
-        tiled_mma.set(warpgroup.Field.ACCUMULATE, k >= chains)
-        cute.gemm(tiled_mma, dst, a_of(k), b_of(k), dst)
-
-
-@cute.jit
-def fold_chains(acc, extra):
-    """``acc += sum(extra)`` (after the wgmma wait) for ``new_qk_chains``' extra chains; nothing for None."""
-    if const_expr(extra is not None):
-        for i in cutlass.range_constexpr(cute.size(acc)):
-            total = acc[i]
-            for t in extra:
-                total = total + t[i]
-            acc[i] = total

@@ -22,7 +22,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
 from pipelines import layouts, paged_kv, softmax
-from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, MLADecodeBase, fold_chains
+from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, MLADecodeBase
 
 # named barrier ids (0 is __syncthreads)
 BAR_P_FULL = 1
@@ -131,10 +131,8 @@ class MLADecode2WG(MLADecodeBase):
             for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
                 self.loader.consumer_wait(pipe_k, k_state)
                 acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
-                acc_s2 = self.new_qk_chains(acc_s)
-                self.issue_qk(acc_s, tSrQ, tSrK, k_state.index, acc_s2)
+                self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
                 warpgroup.wait_group(0)
-                fold_chains(acc_s, acc_s2)
 
                 self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
 

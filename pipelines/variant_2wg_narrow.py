@@ -46,7 +46,7 @@ from cutlass.cute.nvgpu import warpgroup
 from cutlass._mlir.dialects import llvm
 
 from pipelines import layouts, softmax
-from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, _store_global_v4, chained_gemm, fold_chains
+from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, _store_global_v4
 from pipelines.variant_2wg import BAR_P_EMPTY, BAR_P_FULL, BAR_WG0, BAR_WG1, MLADecode2WG
 
 NARROW = 32
@@ -117,13 +117,14 @@ class MLADecode2WGNarrow(MLADecode2WG):
             (1, 1, 1), (BLOCK_N, self.width))
 
     @cute.jit
-    def issue_st(self, acc_t, tTrK, tTrQ, stage, acc_t2=None):
+    def issue_st(self, acc_t, tTrK, tTrQ, stage):
         """S^T of the K tile in ``stage``, one committed wgmma group (``issue_qk`` with the operands
-        swapped; ``acc_t2`` its second chain). A fresh MMA object for the same reason as there."""
+        swapped). A fresh MMA object for the same reason as there."""
         mma = self.mma_st()
         warpgroup.fence()
-        chained_gemm(mma, acc_t, acc_t2, cute.size(tTrQ, mode=[2]),
-                     lambda k: tTrK[None, None, k, stage], lambda k: tTrQ[None, None, k])
+        for k in cutlass.range_constexpr(cute.size(tTrQ, mode=[2])):
+            mma.set(warpgroup.Field.ACCUMULATE, k != 0)
+            cute.gemm(mma, acc_t, tTrK[None, None, k, stage], tTrQ[None, None, k], acc_t)
         warpgroup.commit_group()
 
     @cute.jit
@@ -243,10 +244,8 @@ class MLADecode2WGNarrow(MLADecode2WG):
             for blk in cutlass.range(start, stop, unroll=1):
                 self.loader.consumer_wait(pipe_k, k_state)
                 acc_t = cute.make_rmem_tensor(thr_st.partition_shape_C((BLOCK_N, self.width)), Float32)
-                acc_t2 = self.new_qk_chains(acc_t)
-                self.issue_st(acc_t, tTrK, tTrQ, k_state.index, acc_t2)
+                self.issue_st(acc_t, tTrK, tTrQ, k_state.index)
                 warpgroup.wait_group(0)
-                fold_chains(acc_t, acc_t2)
                 # WG0 reads nothing more of this stage (WG1's P.V still does: the stage refills once both
                 # warpgroups released it).
                 self.loader.consumer_release(pipe_k, k_state)

@@ -54,9 +54,7 @@ MODES = {
     "2wg-q-warp0": ("2wg", dict(q_warp_apart=False), True),  # Q's TMA from the K producer warp 0 (narrow kernel)
     "2wg-q-apart": ("2wg", dict(q_warp_apart=True), True),  # Q's TMA from a warp without K boxes (64-row kernel)
     "2wg-evict-last": ("2wg", dict(kv_l2_hint="evict_last"), True),
-    "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),
-    "2wg-qk2": ("2wg", dict(qk_chains=2), False),  # the score product in two accumulator chains
-    "2wg-qk4": ("2wg", dict(qk_chains=4), False),  # four chains (the narrow kernel; the 64-row one spills)  # both products transposed (at most 32 rows)
+    "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
     "seesaw": ("seesaw", None, False),
     "seesaw-evict-first": ("seesaw", dict(kv_l2_hint="evict_first"), False),
