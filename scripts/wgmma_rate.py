@@ -1,0 +1,176 @@
+"""Tensor-core rate of the decode kernels' wgmma shapes, alone and side by side (issue 8's profile).
+
+    python scripts/wgmma_rate.py [--iters 4000] [--case qk-ss ...]
+
+One CTA per SM (132) loops ``--iters`` times over a committed wgmma group and its wait, on operands
+that stay in shared memory (zeros; the tensor cores' speed does not depend on the values):
+- ``qk``: the score product, 36 k-steps of m64n64k16 (A: a 64 x 576 Q-like tile, B: a 64 x 576 K-like
+  tile), SS, or RS with A from registers (``-rs``);
+- ``pv``: one half of P.V, 4 k-steps of m64n256k16 (A: 64 x 64 P-like, B: 256 x 64), SS.
+A case names what each warpgroup of the CTA runs, e.g. ``qk-ss`` (one warpgroup), ``qk-ss+qk-ss`` (two,
+same operands, each its own accumulator), ``qk-ss+pv-ss`` (the 2wg overlap a seesaw form wants).
+Printed per case: the tensor work per SM per microsecond and as a fraction of the dense bf16 peak
+(2048 multiply-adds per clock and SM at the SM clock read before the run). So it tells whether the
+64x64x16 score steps alone reach the peak, and how much two warpgroups issuing at once gain.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipelines import paged_kv  # noqa: E402,F401  (first: it pins the DSL's target arch)
+
+import cuda.bindings.driver as cuda  # noqa: E402
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+import cutlass.utils.hopper_helpers as sm90  # noqa: E402
+from cutlass import Float32, Int32, const_expr  # noqa: E402
+from cutlass.cute.nvgpu import warpgroup  # noqa: E402
+from cutlass.cute.runtime import make_fake_tensor  # noqa: E402
+
+from pipelines import layouts  # noqa: E402
+from pipelines.launch import TVM_FFI_OPTION  # noqa: E402
+
+BF16 = cutlass.BFloat16
+SHAPES = {"qk": (64, 576), "pv": (256, 64)}  # (N, K) of each product; M is 64
+
+
+def macs(kind: str) -> int:
+    n, k = SHAPES[kind]
+    return 64 * n * k
+
+
+class WgmmaRate:
+    def __init__(self, roles):
+        self.roles = tuple(roles)  # per warpgroup: (kind, register A)
+
+    def tiled_mma(self, kind: str, rs: bool):
+        n, _ = SHAPES[kind]
+        src = warpgroup.OperandSource.RMEM if rs else warpgroup.OperandSource.SMEM
+        return sm90.make_trivial_tiled_mma(BF16, BF16, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K,
+                                           Float32, (1, 1, 1), (64, n), src)
+
+    @cute.jit
+    def __call__(self, out: cute.Tensor, iters: Int32, stream: cuda.CUstream):
+        sA_layout = layouts.smem_tile_layout(BF16, 64, 576)
+        sB_layout = layouts.smem_tile_layout(BF16, 64, 576)
+        sPA_layout = layouts.smem_tile_layout(BF16, 64, 64)
+        sPB_layout = layouts.smem_tile_layout(BF16, 256, 64)
+
+        @cute.struct
+        class Storage:
+            a: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(sA_layout)], 1024]
+            b: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(sB_layout)], 1024]
+            pa: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(sPA_layout)], 1024]
+            pb: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(sPB_layout)], 1024]
+
+        self.storage = Storage
+        self.kernel(out, iters, sA_layout, sB_layout, sPA_layout, sPB_layout).launch(
+            grid=[132, 1, 1], block=[128 * len(self.roles), 1, 1], smem=Storage.size_in_bytes(), stream=stream)
+
+    @cute.kernel
+    def kernel(self, out: cute.Tensor, iters: Int32, sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
+               sPA_layout: cute.ComposedLayout, sPB_layout: cute.ComposedLayout):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, _, _ = cute.arch.block_idx()
+        storage = cutlass.utils.SmemAllocator().allocate(self.storage)
+        views = {
+            "qk": (storage.a.get_tensor(sA_layout.outer, swizzle=sA_layout.inner),
+                   storage.b.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)),
+            "pv": (storage.pa.get_tensor(sPA_layout.outer, swizzle=sPA_layout.inner),
+                   storage.pb.get_tensor(sPB_layout.outer, swizzle=sPB_layout.inner)),
+        }
+        nthreads = 128 * len(self.roles)
+        for name in ("qk", "pv"):
+            for t in views[name]:
+                flat = cute.make_tensor(t.iterator, cute.make_layout(cute.cosize(t.layout)))
+                for i in cutlass.range(tidx, cute.cosize(t.layout), nthreads, unroll=1):
+                    flat[i] = BF16(0.0)
+        cute.arch.fence_view_async_shared()
+        cute.arch.sync_threads()
+        wg = cute.arch.make_warp_uniform(tidx // 128)
+        for w in cutlass.range_constexpr(len(self.roles)):
+            if wg == w:
+                self.run_role(self.roles[w], views, tidx % 128, iters, out, bidx * nthreads + tidx)
+
+    @cute.jit
+    def run_role(self, role, views, wg_tidx, iters, out, gidx):
+        kind, rs = role
+        sA, sB = views[kind]
+        mma = self.tiled_mma(kind, rs)
+        thr = mma.get_slice(wg_tidx)
+        tB = thr.make_fragment_B(thr.partition_B(sB))
+        n, _ = SHAPES[kind]
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((64, n)), Float32)
+        acc.fill(0.0)
+        if const_expr(rs):
+            tA = thr.make_fragment_A(thr.partition_A(sA))
+            tA.fill(0.0)
+        else:
+            tA = thr.make_fragment_A(thr.partition_A(sA))
+        for _ in cutlass.range(iters, unroll=1):
+            warpgroup.fence()
+            for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+                mma.set(warpgroup.Field.ACCUMULATE, True)
+                cute.gemm(mma, acc, tA[None, None, k], tB[None, None, k], acc)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+        out[gidx] = acc[0]
+
+
+def parse_case(case: str):
+    roles = []
+    for part in case.split("+"):
+        kind, src = part.split("-")
+        roles.append((kind, src == "rs"))
+    return roles
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--iters", type=int, default=4000)
+    ap.add_argument("--case", action="append", default=[])
+    args = ap.parse_args(argv)
+    cases = args.case or ["qk-ss", "qk-rs", "pv-ss", "qk-ss+qk-ss", "qk-rs+qk-rs", "pv-ss+pv-ss", "qk-ss+pv-ss",
+                          "qk-rs+pv-ss"]
+
+    import subprocess
+
+    import torch
+
+    clock = subprocess.run(["nvidia-smi", "--query-gpu=clocks.max.sm", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True).stdout.split()
+    mhz = float(clock[0]) if clock else 1980.0
+    peak = 2048 * mhz  # multiply-adds per SM per microsecond
+    print(f"{torch.cuda.get_device_name(0)}, SM clock {mhz:.0f} MHz: peak {peak / 1e3:.0f}K MAC/us per SM")
+    for case in cases:
+        roles = parse_case(case)
+        out = torch.zeros(132 * 128 * len(roles), dtype=torch.float32, device="cuda")
+        fake = make_fake_tensor(Float32, (cute.sym_int32(),), (1,), assumed_align=16)
+        stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
+        fn = cute.compile(WgmmaRate(roles), fake, Int32(1), stream, options=TVM_FFI_OPTION)
+        fn(out, 10)
+        torch.cuda.synchronize()
+        times = []
+        for _ in range(5):
+            e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            e0.record()
+            fn(out, args.iters)
+            e1.record()
+            torch.cuda.synchronize()
+            times.append(e0.elapsed_time(e1) * 1e3)
+        us = sorted(times)[len(times) // 2]
+        work = sum(macs(kind) for kind, _ in roles) * args.iters  # per SM
+        rate = work / us
+        per_role = ", ".join(f"{k}-{'rs' if r else 'ss'} {macs(k) * args.iters / us / peak:.2f}" for k, r in roles)
+        print(f"  {case:<14} {us:9.1f} us  {rate / 1e3:7.0f}K MAC/us per SM = {rate / peak:.3f} of peak"
+              f"  (each role alone at this time: {per_role})", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
