@@ -253,18 +253,17 @@ class DecodeEntry:
         The caller passes it only for a grid that fits the GPU at once (``pipelines.grid_merge_mode``)."""
         o_accum, lse_accum = self.workspace_views(q, tile_scheduler_metadata, workspace)
         merge_tiles = self.merge_tiles(block_table)
+        # A kernel that cannot merge in its grid gets grid_merge 0 (the branch below then always
+        # launches the merge kernel: a constant condition, folded at compile time).
+        in_grid = cutlass.Int32(0)
+        merge_y = cutlass.Int32(1)
         if cutlass.const_expr(self.decode.can_merge_in_grid()):
+            in_grid = grid_merge
             merge_y = self.merge.in_grid_y(merge_tiles, num_splits.shape[0] - 1, tile_scheduler_metadata.shape[0])
-            self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
-                        o_accum, lse_accum, softmax_scale, grid_merge, merge_y, self.merge.out_rows(out), lse,
-                        o_accum, lse_accum, stream)
-            if grid_merge == 0:
-                self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, merge_tiles, stream,
-                           use_pdl=True)
-        else:
-            self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
-                        o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1),
-                        self.merge.out_rows(out), lse, o_accum, lse_accum, stream)
+        self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
+                    o_accum, lse_accum, softmax_scale, in_grid, merge_y, self.merge.out_rows(out), lse,
+                    o_accum, lse_accum, stream)
+        if in_grid == 0:
             # Second stage: requests with one chunk were written by the main kernel; the merge skips
             # them. Chained by programmatic dependent launch: the main kernel lets it be scheduled as
             # soon as every main CTA runs, so its launch overlaps the main kernel instead of following it.
