@@ -7,7 +7,8 @@ replays it ``--replays`` times in batches of ``--batch`` behind the perf runner'
 events around each replay (``perf_table.bench``'s method); ``nvidia-smi`` samples the SM clock and the
 power draw every 20 ms meanwhile. Prints the replay-time percentiles, the times of successive
 batches, and the clock and power samples, so a bimodal row (the perf runner's b128 s1 h128 1024:
-medians 79-91 us, minima 71-80 us on one H200) can be told apart from a clock or power effect.
+medians 79-91 us, minima 71-80 us on one H200) can be told apart from a clock or power effect, and the
+median replay time by position in its batch (whether the first replay behind the backlog differs).
 """
 from __future__ import annotations
 
@@ -65,6 +66,9 @@ def main(argv=None) -> int:
     print(f"{cfg.label()}: {len(times)} replays, us: min {min(times):.1f} p5 {q[0]:.1f} p25 {q[4]:.1f} "
           f"median {statistics.median(times):.1f} p75 {q[14]:.1f} p95 {q[18]:.1f} max {max(times):.1f}")
     print("batch medians:", " ".join(f"{m:.1f}" for m in batch_medians))
+    # Median by position in a batch (0: the first replay behind the backlog kernel).
+    by_pos = [statistics.median(times[i::args.batch]) for i in range(min(args.batch, len(times)))]
+    print("median by position in the batch:", " ".join(f"{m:.1f}" for m in by_pos))
     print(f"nvidia-smi samples ({len(samples)}): timestamp, SM clock, power, temperature")
     for line in samples[:: max(1, len(samples) // 40)]:
         print("  " + line)
