@@ -10,7 +10,8 @@ that stay in shared memory (zeros; the tensor cores' speed does not depend on th
 A case names what each warpgroup of the CTA runs, e.g. ``qk-ss`` (one warpgroup), ``qk-ss+qk-ss`` (two,
 same operands, each its own accumulator), ``qk-ss+pv-ss`` (the 2wg overlap a seesaw form wants).
 Printed per case: the tensor work per SM per microsecond and as a fraction of the dense bf16 peak
-(2048 multiply-adds per clock and SM at the SM clock read before the run). So it tells whether the
+(2048 multiply-adds per clock and SM) at the SM clock nvidia-smi reports (its maximum) and at the clock
+the kernel actually ran at (``%clock64`` over ``%globaltimer`` across each CTA's loop, median of the CTAs). So it tells whether the
 64x64x16 score steps alone reach the peak, and how much two warpgroups issuing at once gain.
 """
 from __future__ import annotations
@@ -31,6 +32,7 @@ import cutlass.utils.hopper_helpers as sm90  # noqa: E402
 from cutlass import Float32, Int32, const_expr  # noqa: E402
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from cutlass.cute.runtime import make_fake_tensor  # noqa: E402
+from cutlass._mlir.dialects import llvm  # noqa: E402
 
 from pipelines import layouts  # noqa: E402
 from pipelines.launch import TVM_FFI_OPTION  # noqa: E402
@@ -98,6 +100,17 @@ class WgmmaRate:
                 self.run_role(self.roles[w], views, tidx % 128, iters, out, bidx * nthreads + tidx)
 
     @cute.jit
+    def stamp(self, out, slot: int):
+        """%globaltimer and %clock64 of this CTA into ``out``'s stamp area (after the per-thread words),
+        by the caller's thread."""
+        bidx, _, _ = cute.arch.block_idx()
+        addr = out.iterator.toint() + cutlass.Int64(132 * 128 * len(self.roles) * 4) \
+            + (cutlass.Int64(bidx) * 4 + slot * 2) * 8
+        llvm.inline_asm(None, [addr.ir_value()],
+                        "{\n.reg .u64 t, c;\nmov.u64 t, %globaltimer;\nmov.u64 c, %clock64;\n"
+                        "st.global.u64 [$0], t;\nst.global.u64 [$0+8], c;\n}", "l", has_side_effects=True)
+
+    @cute.jit
     def run_role(self, role, views, wg_tidx, iters, out, gidx):
         kind, rs = role
         sA, sB = views[kind]
@@ -112,6 +125,8 @@ class WgmmaRate:
             tA.fill(0.0)
         else:
             tA = thr.make_fragment_A(thr.partition_A(sA))
+        if gidx % (128 * len(self.roles)) == 0:
+            self.stamp(out, 0)
         for _ in cutlass.range(iters, unroll=1):
             warpgroup.fence()
             for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
@@ -119,6 +134,8 @@ class WgmmaRate:
                 cute.gemm(mma, acc, tA[None, None, k], tB[None, None, k], acc)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
+        if gidx % (128 * len(self.roles)) == 0:
+            self.stamp(out, 1)
         out[gidx] = acc[0]
 
 
@@ -149,7 +166,8 @@ def main(argv=None) -> int:
     print(f"{torch.cuda.get_device_name(0)}, SM clock {mhz:.0f} MHz: peak {peak / 1e3:.0f}K MAC/us per SM")
     for case in cases:
         roles = parse_case(case)
-        out = torch.zeros(132 * 128 * len(roles), dtype=torch.float32, device="cuda")
+        words = 132 * 128 * len(roles)
+        out = torch.zeros(words + 132 * 4 * 2, dtype=torch.float32, device="cuda")  # + 4 u64 stamps per CTA
         fake = make_fake_tensor(Float32, (cute.sym_int32(),), (1,), assumed_align=16)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         fn = cute.compile(WgmmaRate(roles), fake, Int32(1), stream, options=TVM_FFI_OPTION)
@@ -166,9 +184,12 @@ def main(argv=None) -> int:
         us = sorted(times)[len(times) // 2]
         work = sum(macs(kind) for kind, _ in roles) * args.iters  # per SM
         rate = work / us
+        st = out[words:].view(torch.int64).view(132, 2, 2).cpu().double()  # [cta, start/end, ns/clk]
+        clk = float(((st[:, 1, 1] - st[:, 0, 1]) / (st[:, 1, 0] - st[:, 0, 0]) * 1e3).median())  # MHz, last call
         per_role = ", ".join(f"{k}-{'rs' if r else 'ss'} {macs(k) * args.iters / us / peak:.2f}" for k, r in roles)
         print(f"  {case:<14} {us:9.1f} us  {rate / 1e3:7.0f}K MAC/us per SM = {rate / peak:.3f} of peak"
-              f"  (each role alone at this time: {per_role})", flush=True)
+              f"  (each role alone at this time: {per_role}); SM clock in the kernel {clk:.0f} MHz: "
+              f"{rate / (2048 * clk):.3f} of the peak at that clock", flush=True)
     return 0
 
 
