@@ -165,9 +165,17 @@ def time_graph(fn, replays: int = 100, warmup: int = 3) -> list[float]:
     ``fn`` runs twice eagerly first (the first call compiles the kernel), then is captured once;
     the graph is replayed ``warmup`` times untimed and ``replays`` times between CUDA events.
     """
+    graph = capture_graph(fn, warmup)
+    times = replay_times(graph, replays)
+    del graph
+    return times
+
+
+def replay_times(graph, replays: int) -> list[float]:
+    """Microseconds of ``replays`` back-to-back replays of a captured graph, behind the backlog kernel,
+    CUDA events around each (the method of ``time_graph``)."""
     import torch
 
-    graph = capture_graph(fn, warmup)
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
     ends = [torch.cuda.Event(enable_timing=True) for _ in range(replays)]
     _backlog(torch, replays)
@@ -176,9 +184,7 @@ def time_graph(fn, replays: int = 100, warmup: int = 3) -> list[float]:
         graph.replay()
         end.record()
     torch.cuda.synchronize()
-    times = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
-    del graph
-    return times
+    return [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
 
 
 def capture_graph(fn, warmup: int = 3):

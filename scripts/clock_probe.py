@@ -47,16 +47,7 @@ def main(argv=None) -> int:
     time.sleep(0.3)
     times, batch_medians = [], []
     for first in range(0, args.replays, args.batch):
-        n = min(args.batch, args.replays - first)
-        starts = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        ends = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-        bench._backlog(torch, n)
-        for s, e in zip(starts, ends):
-            s.record()
-            graph.replay()
-            e.record()
-        torch.cuda.synchronize()
-        batch = [s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends)]
+        batch = bench.replay_times(graph, min(args.batch, args.replays - first))
         times += batch
         batch_medians.append(statistics.median(batch))
     time.sleep(0.3)
