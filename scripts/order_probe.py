@@ -30,6 +30,9 @@ def main(argv=None) -> int:
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen (in order)")
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--idle", type=float, default=2.0)
+    ap.add_argument("--grid-before", type=int, default=0, metavar="N",
+                    help="first measure the N page-64 grid configs (perf_table.grid.full_grid order, quietly) "
+                         "that the runner measures before the first --config; -1: all of them")
     args = ap.parse_args(argv)
 
     import torch
@@ -38,8 +41,8 @@ def main(argv=None) -> int:
     import pipelines
     from perf_table import bench, grid, runner
 
-    def measure(spec: str, label: str):
-        base = grid.Config(*(int(x) for x in spec.split(",")))
+    def measure(spec, label: str, quiet: bool = False):
+        base = spec if isinstance(spec, grid.Config) else grid.Config(*(int(x) for x in spec.split(",")))
         inp = bench.make_inputs(base, seed=runner.SEED)
         rows = [dataclasses.replace(base, multicast=True), dataclasses.replace(base, multicast=False)] \
             if pipelines.multicast_cluster(base.page_size, base.h_q * base.s_q) > 1 else [base]
@@ -49,6 +52,10 @@ def main(argv=None) -> int:
                 fn = bench.make_decode_fn(mla, "2wg", c, inp)
                 graphs[str(c.multicast)] = bench.capture_graph(fn, runner.WARMUP_REPLAYS)
         samples = bench.time_graphs_interleaved(graphs, args.replays)
+        if quiet:
+            del graphs
+            torch.cuda.empty_cache()
+            return
         print(f"  {label:<8} {base.label():<26} " + ", ".join(
             f"mc {k}: median {statistics.median(v):.1f} min {min(v):.1f}" for k, v in samples.items()), flush=True)
         del graphs
@@ -56,6 +63,15 @@ def main(argv=None) -> int:
 
     specs = args.config or list(DEFAULT)
     print(torch.cuda.get_device_name(0), f"{args.replays} replays per row", flush=True)
+    if args.grid_before:
+        first = grid.Config(*(int(x) for x in specs[0].split(",")))
+        order = [c for c in grid.full_grid((first.page_size,))]
+        before = order[:order.index(first)] if first in order else order
+        before = before if args.grid_before < 0 else before[-args.grid_before:]
+        t0 = time.perf_counter()
+        for c in before:
+            measure(c, "", quiet=True)
+        print(f"  measured {len(before)} grid configs first ({time.perf_counter() - t0:.0f} s)", flush=True)
     for spec in specs:
         measure(spec, "in order")
     time.sleep(args.idle)
