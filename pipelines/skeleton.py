@@ -444,16 +444,14 @@ class MLADecodeBase:
         warpgroup.commit_group()
 
     @cute.jit
-    def issue_pv(self, acc_o, tOrP, tOrV, stage, p_in_registers: cutlass.Constexpr[bool] = False,
-                 k_begin: cutlass.Constexpr[int] = 0, k_end: cutlass.Constexpr[int] = -1):
+    def issue_pv(self, acc_o, tOrP, tOrV, stage, p_in_registers: cutlass.Constexpr[bool] = False):
         """O += P.V of the K tile in ``stage`` for one warpgroup's 256 columns, issued and committed as
         one wgmma group: P from smem (SS), or with ``p_in_registers`` from registers (RS, ``tOrP`` an
-        A-operand view of them). A fresh MMA object, as in ``issue_qk``. ``k_begin``/``k_end``: only those
-        16-key steps of the tile (-1: to the end)."""
+        A-operand view of them). A fresh MMA object, as in ``issue_qk``."""
         _, mma_rs, mma_ss = self.tiled_mmas()
         tiled_mma = mma_rs if const_expr(p_in_registers) else mma_ss
         warpgroup.fence()
-        for k in cutlass.range_constexpr(k_begin, cute.size(tOrP, mode=[2]) if k_end < 0 else k_end):
+        for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
             tiled_mma.set(warpgroup.Field.ACCUMULATE, True)
             cute.gemm(tiled_mma, acc_o, tOrP[None, None, k], tOrV[None, None, k, stage], acc_o)
         warpgroup.commit_group()

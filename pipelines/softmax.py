@@ -46,14 +46,13 @@ def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
 
 @cute.jit
 def settle_max(scores: cute.Tensor, m_prev: Float32, m_new: Float32, sum_prev: Float32, scale_log2: Float32,
-               lazy: cutlass.Constexpr[bool], j_begin: cutlass.Constexpr[int] = 0, j_end: cutlass.Constexpr[int] = -1):
+               lazy: cutlass.Constexpr[bool]):
     """One row's online softmax step once its new max is known (``m_new``: the max over the previous
     max and every holder of the row's scores): ``scores`` (this thread's share of the row, in place)
     become unnormalised probabilities. Returns ``(max kept, factor for the earlier output, the
     thread-partial sum)``; with ``lazy`` the previous max is kept unless ``m_new`` exceeds it by more
     than ``LAZY_RESCALE_LOG2``. A row with max -inf so far gets probabilities 0 and factor 1 (taken
-    against a max of 0, to avoid inf - inf). ``j_begin``/``j_end``: only ``scores[j_begin:j_end]`` (-1: to
-    the end) are this step's, the rest are left alone."""
+    against a max of 0, to avoid inf - inf)."""
     if const_expr(lazy):
         # (-inf - -inf is NaN: the comparison is false and the max stays -inf, as it should.)
         if (m_new - m_prev) * scale_log2 <= Float32(LAZY_RESCALE_LOG2):
@@ -64,27 +63,11 @@ def settle_max(scores: cute.Tensor, m_prev: Float32, m_new: Float32, sum_prev: F
     m_scaled = m_safe * scale_log2
     factor = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
     acc = Float32(0.0)
-    for j in cutlass.range_constexpr(j_begin, cute.size(scores) if j_end < 0 else j_end):
+    for j in cutlass.range_constexpr(cute.size(scores)):
         p = cute.math.exp2(scores[j] * scale_log2 - m_scaled, fastmath=True)
         scores[j] = p
         acc += p
     return m_new, factor, sum_prev * factor + acc
-
-
-@cute.jit
-def online_softmax_cols(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor, row_scale: cute.Tensor,
-                        scale_log2: Float32, lazy: cutlass.Constexpr[bool], j_begin: cutlass.Constexpr[int],
-                        j_end: cutlass.Constexpr[int]):
-    """``online_softmax_step`` over the thread's score columns ``[j_begin, j_end)`` only (a part of the
-    tile's keys; the row max is reduced over the quad for those columns and the running max)."""
-    for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-        m_prev = row_max[i]
-        m_new = m_prev
-        for j in cutlass.range_constexpr(j_begin, j_end):
-            m_new = cute.arch.fmax(m_new, s_mn[i, j])
-        m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
-        row_max[i], row_scale[i], row_sum[i] = settle_max(s_mn[i, None], m_prev, m_new, row_sum[i], scale_log2,
-                                                          lazy, j_begin, j_end)
 
 
 @cute.jit

@@ -85,14 +85,6 @@ class MLADecode2WG(MLADecodeBase):
     # b8 h64 4096 and lost 0.4-1% at b1 h128 16384 and 0.3-0.9% at b128 h128 4096; the narrow kernel,
     # which gained 1.3-2.7%, sets it. A class constant (an A/B sets it on a subclass).
     q_warp_apart = False
-    # WG0's softmax in two halves of the tile's keys (``wg0_split_tile``): the first half's P.V (its two
-    # 16-key steps, P from registers) is issued as soon as that half's probabilities are known and
-    # runs on the tensor cores while WG0 computes the second half's; then the second half's P.V (and
-    # WG1's, after the P hand-off as before). Per tile WG0's softmax leaves the tensor cores idle for
-    # about a third of the tile (docs/perf-notes.md, nineteenth session); this hides about half of
-    # WG0's own P.V behind it. A max that grows past the lazy-rescale margin in the second half
-    # rescales O and the first half's P after that P.V retired. A class constant (an A/B sets it).
-    split_softmax = False
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -142,21 +134,17 @@ class MLADecode2WG(MLADecodeBase):
                 self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
                 warpgroup.wait_group(0)
 
-                if const_expr(self.split_softmax):
-                    self.wg0_split_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2,
-                                        acc_o, acc_o_mn, tOrV, tPsP, s_row_scale, sK, k_state, wg_tidx)
-                else:
-                    self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+                self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
 
-                    rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
-                    rP.store(acc_s.load().to(self.dtype))
-                    self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
+                rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
+                rP.store(acc_s.load().to(self.dtype))
+                self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
 
-                    softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-                    valid = seqlen - blk * BLOCK_N
-                    if valid < BLOCK_N:
-                        self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
-                    self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
+                softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
+                valid = seqlen - blk * BLOCK_N
+                if valid < BLOCK_N:
+                    self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
+                self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
                 warpgroup.wait_group(0)
                 self.loader.consumer_release(pipe_k, k_state)
                 k_state.advance()
@@ -169,63 +157,6 @@ class MLADecode2WG(MLADecodeBase):
             self.wg0_store_chunk(wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, mma_pv_rs, row_max,
                                  row_sum, tScS, s_row_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage)
         self.wg0_exit(begin_req, end_req)
-
-    @cute.jit
-    def wg0_split_tile(self, acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2, acc_o,
-                       acc_o_mn, tOrV, tPsP, s_row_scale, sK, k_state, wg_tidx):
-        """WG0 from a tile's scores to its P.V with the softmax in two halves of the keys
-        (``split_softmax``): ends with the second half's P.V issued, not waited for.
-
-        The thread's 32 scores are its fragment's registers in (column pair, row half, column group)
-        order, so keys 0..31 of the tile (column groups 0..3, the P.V's 16-key steps 0 and 1) are its
-        first 16 registers and keys 32..63 the other 16 (``layouts.acc_as_a_operand``)."""
-        s_mn = layouts.acc_mn_view(acc_s)
-        if (blk + 1) * BLOCK_N > seqlen - (self.s_q - 1):  # a tail tile: keys past a row's limit
-            for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-                for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                    if blk * BLOCK_N + tScS[i, j][1] >= row_limit[i]:
-                        s_mn[i, j] = -Float32.inf
-        n_rows = cute.size(s_mn, mode=[0])
-        n_cols = cute.size(s_mn, mode=[1])
-        half_regs = cute.size(acc_s) // 2
-        n_steps = cute.size(layouts.acc_as_a_operand(acc_s), mode=[2])
-        rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
-        s0 = cute.make_tensor(acc_s.iterator, cute.make_layout(half_regs))
-        s1 = cute.make_tensor(acc_s.iterator + half_regs, cute.make_layout(half_regs))
-        p0 = cute.make_tensor(rP.iterator, cute.make_layout(half_regs))
-        p1 = cute.make_tensor(rP.iterator + half_regs, cute.make_layout(half_regs))
-        scale1 = cute.make_rmem_tensor(n_rows, Float32)
-
-        # First half: its probabilities against the running max, O rescaled if that max moved, the
-        # stage's tail V rows zeroed (before any P.V reads them), then its P.V.
-        softmax.online_softmax_cols(s_mn, row_max, row_sum, row_scale, scale_log2, self.lazy_rescale, 0, n_cols // 2)
-        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-        valid = seqlen - blk * BLOCK_N
-        if valid < BLOCK_N:
-            self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
-        p0.store(s0.load().to(self.dtype))
-        rP_a = layouts.acc_as_a_operand(rP)
-        self.issue_pv(acc_o, rP_a, tOrV, k_state.index, p_in_registers=True, k_begin=0, k_end=n_steps // 2)
-
-        # Second half, beside that P.V; then, with the P.V retired, O and the first half's P rescaled
-        # where the second half moved the max (rare with lazy rescaling).
-        softmax.online_softmax_cols(s_mn, row_max, row_sum, scale1, scale_log2, self.lazy_rescale, n_cols // 2,
-                                    n_cols)
-        warpgroup.wait_group(0)
-        need = False
-        for i in cutlass.range_constexpr(n_rows):
-            need = need or scale1[i] != Float32(1.0)
-        if cute.arch.vote_any_sync(need):
-            softmax.rescale_rows(acc_o_mn, scale1)
-            for i in cutlass.range_constexpr(n_rows):
-                for j in cutlass.range_constexpr(n_cols // 2):
-                    s_mn[i, j] = s_mn[i, j] * scale1[i]
-            p0.store(s0.load().to(self.dtype))
-        p1.store(s1.load().to(self.dtype))
-        for i in cutlass.range_constexpr(n_rows):
-            row_scale[i] = row_scale[i] * scale1[i]  # WG1's factor: both steps'
-        self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
-        self.issue_pv(acc_o, rP_a, tOrV, k_state.index, p_in_registers=True, k_begin=n_steps // 2, k_end=n_steps)
 
     @cute.jit
     def wg0_fragments(self, wg_tidx, sQ, sK, sP, sV0):

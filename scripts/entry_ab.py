@@ -54,8 +54,7 @@ MODES = {
     "2wg-q-warp0": ("2wg", dict(q_warp_apart=False), True),  # Q's TMA from the K producer warp 0 (narrow kernel)
     "2wg-q-apart": ("2wg", dict(q_warp_apart=True), True),  # Q's TMA from a warp without K boxes (64-row kernel)
     "2wg-evict-last": ("2wg", dict(kv_l2_hint="evict_last"), True),
-    "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),
-    "2wg-split-sm": ("2wg", dict(split_softmax=True), False),  # 64-row kernel: WG0's softmax in two key halves  # both products transposed (at most 32 rows)
+    "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
     "seesaw": ("seesaw", None, False),
     "seesaw-evict-first": ("seesaw", dict(kv_l2_hint="evict_first"), False),
