@@ -261,8 +261,7 @@ class DecodeEntry:
             in_grid = grid_merge
             merge_y = self.merge.in_grid_y(merge_tiles, num_splits.shape[0] - 1, tile_scheduler_metadata.shape[0])
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
-                    o_accum, lse_accum, softmax_scale, in_grid, merge_y, self.merge.out_rows(out), lse,
-                    o_accum, lse_accum, stream)
+                    o_accum, lse_accum, softmax_scale, in_grid, merge_y, stream)
         if in_grid == 0:
             # Second stage: requests with one chunk were written by the main kernel; the merge skips
             # them. Chained by programmatic dependent launch: the main kernel lets it be scheduled as

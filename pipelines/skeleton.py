@@ -129,8 +129,7 @@ class MLADecodeBase:
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mBlockTable: cute.Tensor, mSeqlens: cute.Tensor,
                  mMeta: cute.Tensor, mNumSplits: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  mOaccum: cute.Tensor, mLSEaccum: cute.Tensor, softmax_scale: Float32,
-                 grid_merge: Int32, merge_y: Int32, mMergeO: cute.Tensor, mMergeLSE: cute.Tensor,
-                 mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor, stream: cuda.CUstream):
+                 grid_merge: Int32, merge_y: Int32, stream: cuda.CUstream):
         """Inputs (torch tensors as the API holds them, last dim contiguous):
         mQ [b, s_q, h_q, 576] when h_kv == 1, else the grouped copy [b, h_kv, rows, 576];
         mK [num_pages, page_size, h_kv, 576]; mBlockTable [b, max_pages] i32; mSeqlens [b] i32;
@@ -138,11 +137,13 @@ class MLADecodeBase:
         mOaccum [splits, s_q * h_q, 512] f32 and mLSEaccum [splits, s_q * h_q] f32 (workspace rows in
         out's row order, s_idx * h_q + head, whatever h_kv).
         ``grid_merge`` != 0 (only where ``can_merge_in_grid()``): launch cooperatively and merge the split
-        requests in this grid (``grid_merge``): ``merge_y`` is the merge's grid extent ``Y``, ``mMerge*``
-        the merge kernel's views (out as ``[b, rows, 512]``, lse, o_accum, lse_accum as the workspace
-        holds them).
+        requests in this grid (``grid_merge``): ``merge_y`` is the merge's grid extent ``Y``.
         """
         dtype = self.dtype
+        # The merge reads these tensors as the merge kernel does (out as [b, rows, 512], the others as
+        # given), not as the kernel views below.
+        mMergeO = self.merger.out_rows(mO) if const_expr(self.can_merge_in_grid()) else mO
+        mMergeLSE, mMergeOaccum, mMergeLSEaccum = mLSE, mOaccum, mLSEaccum
         # Kernel views: the contiguous dim where wgmma/TMA want it, the kv head as its own mode.
         mQ = cute.make_tensor(mQ.iterator, cute.make_layout(
             (self.rows, HEAD_DIM, self.h_kv, mQ.shape[0]), stride=(mQ.stride[2], 1, mQ.stride[1], mQ.stride[0])))

@@ -99,8 +99,7 @@ class ModeEntry(DecodeEntry):
                  workspace, softmax_scale, grid_merge, stream):
         o_accum, lse_accum = self.workspace_views(q, tile_scheduler_metadata, workspace)
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
-                    o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1), self.merge.out_rows(out),
-                    lse, o_accum, lse_accum, stream)
+                    o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1), stream)
         max_tiles = self.merge_tiles(block_table)
         if cutlass.const_expr(self.mode in ("merge-l8", "merge-y2")):
             self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, max_tiles, stream,
