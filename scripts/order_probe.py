@@ -86,15 +86,13 @@ def main(argv=None) -> int:
                 fn = bench.make_decode_fn(mla, "2wg", c, inp)
                 graphs[str(c.multicast)] = bench.capture_graph(fn, runner.WARMUP_REPLAYS)
         samples = bench.time_graphs_interleaved(graphs, args.replays)
-        if quiet:
-            del graphs
-            torch.cuda.empty_cache()
-            return
-        print(f"  {label:<8} {base.label():<26} " + ", ".join(
-            f"mc {k}: median {statistics.median(v):.1f} min {min(v):.1f}" for k, v in samples.items())
-            + f"; SM clock right after: {sm_mhz():.0f} MHz", flush=True)
+        mhz = None if quiet else sm_mhz()
         del graphs
         torch.cuda.empty_cache()
+        if not quiet:
+            print(f"  {label:<8} {base.label():<26} " + ", ".join(
+                f"mc {k}: median {statistics.median(v):.1f} min {min(v):.1f}" for k, v in samples.items())
+                + f"; SM clock right after: {mhz:.0f} MHz", flush=True)
 
     clock = clock_kernel()
     clk = torch.zeros(2, dtype=torch.int64, device="cuda")
@@ -109,7 +107,7 @@ def main(argv=None) -> int:
     print(torch.cuda.get_device_name(0), f"{args.replays} replays per row", flush=True)
     if args.grid_before:
         first = grid.Config(*(int(x) for x in specs[0].split(",")))
-        order = [c for c in grid.full_grid((first.page_size,))]
+        order = grid.full_grid((first.page_size,))
         before = order[:order.index(first)] if first in order else order
         before = before if args.grid_before < 0 else before[-args.grid_before:]
         t0 = time.perf_counter()
