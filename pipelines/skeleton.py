@@ -53,6 +53,11 @@ class MLADecodeBase:
     # Lazy rescaling of O (softmax.LAZY_RESCALE_LOG2). A class constant, not a setting: the kernel
     # cache keys on the sources. (An A/B sets it False on the class with the disk cache off.)
     lazy_rescale = True
+    # The 64-row kernels' softmax (``softmax.online_softmax_step``): the thread's row max as a pairwise tree
+    # (``softmax_tree``), and every n-th exp2 on the FMA pipe (``exp2_poly_every``, 0: all on the MUFU unit).
+    # Class constants like lazy_rescale (experiments: an A/B sets them on a subclass).
+    softmax_tree = False
+    exp2_poly_every = 0
     # 16-byte stores of O into 16-bit destinations (store_rows_16). A class constant like lazy_rescale
     # (False: one store per fragment pair, the form before; kept for the A/B).
     vector_stores = True
@@ -545,7 +550,8 @@ class MLADecodeBase:
                 for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                     if blk * BLOCK_N + tScS[i, j][1] >= row_limit[i]:
                         s_mn[i, j] = -Float32.inf
-        softmax.online_softmax_step(s_mn, row_max, row_sum, row_scale, scale_log2, lazy=self.lazy_rescale)
+        softmax.online_softmax_step(s_mn, row_max, row_sum, row_scale, scale_log2, lazy=self.lazy_rescale,
+                                    tree=self.softmax_tree, poly_every=self.exp2_poly_every)
 
     @cute.jit
     def tma_load_q(self, tma_q, mQ, sQ, pipe_q, q_state, m_block: Int32, kv_head: Int32, r: Int32):

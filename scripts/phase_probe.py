@@ -1,0 +1,174 @@
+"""Where a 64-token tile's cycles go in 2wg's 64-row kernel: per-phase SM cycles (diagnostic).
+
+    python scripts/phase_probe.py [--config 64,128,1,128,4096 ...] [--replays 50]
+
+The library's decode entry for each config is compiled once more with a subclass of the 64-row kernel whose
+thread 0 (WG0) and thread 128 (WG1) add ``%clock64`` into per-CTA sums at these points of every tile (one
+``red.global.add.u64`` each, with a count), so that the difference of two sums over the tile count is the
+mean time between the two points:
+
+- WG0: ``qk issue`` (K tile landed, before its S = Q.K^T wgmma), ``qk done`` (that group retired: the
+  probe waits for it right after the issue, where the kernel waits anyway), ``hand`` (softmax and the bf16
+  conversion done, before the P_EMPTY wait and P's stores), ``handed`` (P_FULL arrived), ``pv0 issue`` (O's
+  rescale and a tail's V zeroing done), ``pv0 done``;
+- WG1: ``pv1 issue`` (P_FULL passed, O rescaled, K tile waited for), ``pv1 done``.
+
+Also the earliest ``qk issue`` and latest ``pv0 done`` of each CTA (``atom.min`` / ``atom.max``), so that the
+tile period is ``(last pv0 done - first qk issue - mean(pv0 done - qk issue)) / (tiles - 1)``: that includes
+the chunk epilogues between a CTA's chunks. The graph of one decode (with its merge) is replayed
+``--replays`` times; sums are reset before the last replay, whose numbers are printed (cycles, the mean over
+the CTAs with tiles). Not a benchmark: the stamps add a few instructions per tile.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipelines import paged_kv  # noqa: E402,F401  (first: it pins the DSL's target arch)
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass import const_expr  # noqa: E402
+from cutlass._mlir.dialects import llvm  # noqa: E402
+from cutlass.cute.nvgpu import warpgroup  # noqa: E402
+
+from pipelines.variant_2wg import MLADecode2WG  # noqa: E402
+
+EVENTS = ("qk issue", "qk done", "hand", "handed", "pv0 issue", "pv0 done", "pv1 issue", "pv1 done")
+QK_ISSUE, QK_DONE, HAND, HANDED, PV0_ISSUE, PV0_DONE, PV1_ISSUE, PV1_DONE = range(len(EVENTS))
+FIRST, LAST = 2 * len(EVENTS), 2 * len(EVENTS) + 1  # earliest qk issue, latest pv0 done
+SLOTS = 2 * len(EVENTS) + 2  # per CTA: (sum, count) per event, first, last
+MAX_CTAS = 1024
+
+
+def _row(base: int):
+    bx, by, _ = cute.arch.block_idx()
+    gx, _, _ = cute.arch.grid_dim()
+    return cutlass.Int64(base) + (cutlass.Int64(by) * cutlass.Int64(gx) + cutlass.Int64(bx)) * SLOTS * 8
+
+
+def _add_clock(base: int, event: int):
+    """``%clock64`` into this CTA's sum of ``event``, and 1 into its count; with the first / last too
+    for ``qk issue`` / ``pv0 done``."""
+    addr = _row(base) + event * 16
+    extra = ""
+    if event == QK_ISSUE:
+        extra = f"atom.global.min.u64 d, [$1+{FIRST * 8}], c;\n"
+    elif event == PV0_DONE:
+        extra = f"atom.global.max.u64 d, [$1+{LAST * 8}], c;\n"
+    llvm.inline_asm(None, [addr.ir_value(), _row(base).ir_value()],
+                    "{\n.reg .u64 c, d;\nmov.u64 c, %clock64;\nred.global.add.u64 [$0], c;\n"
+                    "red.global.add.u64 [$0+8], 1;\n" + extra + "}", "l,l", has_side_effects=True)
+
+
+def probe_class(base: int):
+    """The 64-row 2wg kernel with the module docstring's stamps, adding into the buffer at ``base``."""
+
+    class Probed(MLADecode2WG):
+        @cute.jit
+        def issue_qk(self, acc_s, tSrQ, tSrK, stage):
+            tidx, _, _ = cute.arch.thread_idx()
+            if tidx == 0:
+                _add_clock(base, QK_ISSUE)
+            super().issue_qk(acc_s, tSrQ, tSrK, stage)
+            warpgroup.wait_group(0)  # the caller waits for it next anyway
+            if tidx == 0:
+                _add_clock(base, QK_DONE)
+
+        @cute.jit
+        def hand_p_to_wg1(self, rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx):
+            if wg_tidx == 0:
+                _add_clock(base, HAND)
+            super().hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
+            if wg_tidx == 0:
+                _add_clock(base, HANDED)
+
+        @cute.jit
+        def issue_pv(self, acc_o, tOrP, tOrV, stage, p_in_registers: cutlass.Constexpr[bool] = False):
+            tidx, _, _ = cute.arch.thread_idx()
+            if tidx % 128 == 0:
+                _add_clock(base, PV0_ISSUE if const_expr(p_in_registers) else PV1_ISSUE)
+            super().issue_pv(acc_o, tOrP, tOrV, stage, p_in_registers)
+            warpgroup.wait_group(0)  # the caller waits for it next anyway
+            if tidx % 128 == 0:
+                _add_clock(base, PV0_DONE if const_expr(p_in_registers) else PV1_DONE)
+
+    return Probed
+
+
+def report(label: str, buf, replay_us: float) -> None:
+    rows = buf.double()
+    sums, counts = rows[:, 0:2 * len(EVENTS):2], rows[:, 1:2 * len(EVENTS):2]
+    used = counts[:, QK_ISSUE] > 0
+    if not bool((counts[used] == counts[used, QK_ISSUE:QK_ISSUE + 1]).all()):
+        print(f"{label}: event counts differ within a CTA; not reported")
+        return
+    n = counts[used, QK_ISSUE]
+    mean = sums[used] / n[:, None]  # per CTA, mean clock of each event
+
+    def gap(a, b):
+        return float((mean[:, b] - mean[:, a]).mean())
+
+    busy = mean[:, PV0_DONE] - mean[:, QK_ISSUE]
+    period = ((rows[used, LAST] - rows[used, FIRST]) - busy) / (n - 1).clamp(min=1)
+    print(f"{label}: {int(used.sum())} CTAs, {float(n.mean()):.1f} tiles each (mean); replay {replay_us:.1f} us")
+    print(f"  tile period {float(period.mean()):.0f} cycles (median CTA {float(period.median()):.0f})")
+    parts = [("QK (issue to retired)", QK_ISSUE, QK_DONE), ("softmax + bf16", QK_DONE, HAND),
+             ("P hand-off (P_EMPTY wait, stores, fence, P_FULL)", HAND, HANDED),
+             ("O rescale / V zeroing to P.V issue", HANDED, PV0_ISSUE), ("WG0 P.V (issue to retired)", PV0_ISSUE, PV0_DONE),
+             ("WG1 P.V issue after WG0's", PV0_ISSUE, PV1_ISSUE), ("WG1 P.V (issue to retired)", PV1_ISSUE, PV1_DONE),
+             ("WG0 P.V retired to WG1's", PV0_DONE, PV1_DONE)]
+    for name, a, b in parts:
+        print(f"  {name:<52} {gap(a, b):8.0f}")
+    print(f"  {'WG0 P.V retired to next QK issue (period - busy)':<52} {float((period - busy).mean()):8.0f}", flush=True)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen (default 64,128,1,128,4096)")
+    ap.add_argument("--replays", type=int, default=50)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    import mla
+    from perf_table import bench, grid
+    from pipelines.launch import DecodeConfig, compile_entry, partial_from_env
+
+    print(torch.cuda.get_device_name(0), flush=True)
+    for spec in args.config or ["64,128,1,128,4096"]:
+        cfg = grid.Config(*(int(x) for x in spec.split(",")))
+        if cfg.h_q * cfg.s_q <= 32:
+            raise SystemExit(f"{cfg.label()}: the narrow kernel runs this shape; this probe is the 64-row kernel's")
+        inp = bench.make_inputs(cfg, device="cuda", seed=0)
+        dec = mla.MLADecoder(pipeline="2wg")
+        dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1, page_size=cfg.page_size,
+                 dtype=inp.q.dtype, causal=cfg.causal)
+        shape = dec._planned
+        config = DecodeConfig.make("2wg", shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal, 1,
+                                   paged_kv.multicast_enabled(), partial_from_env(), dec._info.split_cluster)
+        buf = torch.zeros(MAX_CTAS, SLOTS, dtype=torch.int64, device="cuda")
+        fn = compile_entry(config, kernel_class=probe_class(buf.data_ptr()))
+        graphs, _ = bench.capture_entries({"probe": fn}, inp, dec)
+        times = []
+        for i in range(args.replays):
+            if i == args.replays - 1:
+                buf.zero_()
+                buf[:, FIRST] = torch.iinfo(torch.int64).max
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            graphs["probe"].replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) * 1e3)
+        report(f"{cfg.label()} (median replay {statistics.median(times):.1f} us)", buf.cpu(), times[-1])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
