@@ -73,9 +73,10 @@ aligned plan never puts pieces of two requests in one part:
   tiles (the last one shorter), one part each, with ``k = ceil(tiles / t)``, ``c = ceil(tiles / k)``
   and then ``k = ceil(tiles / c)`` (``long_chunks``): the fewest chunks of at most ``t`` tiles, as
   even as whole tiles allow, none empty;
-- ``t`` is the smallest chunk size from ``target`` (a chunk then costs at most ``payload``, as in the
-  balanced plan) to ``target + fixed_cost`` (at most the capacity; ``chunk_tile_candidates``) for
-  which the parts the packing opens plus the long requests' further chunks fit in ``num_parts``.
+- ``t`` is the smallest chunk size from ``target - 2`` (at least 1: ``BELOW_TARGET``, shorter chunks
+  that use parts the rounding of ``target`` leaves empty) to ``target + fixed_cost`` (at most the
+  capacity; ``chunk_tile_candidates``) for which the parts the packing opens plus the long requests'
+  further chunks fit in ``num_parts``.
 
 If no ``t`` fits, the balanced plan stands (``aligned_params``). Every part of an aligned plan costs at most ``capacity <=
 payload + fixed_cost``. Without long requests it packs every request whole (where the balanced plan
@@ -106,8 +107,14 @@ BLOCK_N = 64
 """Tokens per KV tile, whatever the page size."""
 FIXED_COST = 5
 """Per-chunk overhead, in KV tiles, that the balancer charges (FlashMLA's value)."""
-CHUNK_CANDIDATES = 6
+CHUNK_CANDIDATES = 8
 """Most chunk sizes the aligned plan tries for its long requests (``chunk_tile_candidates``)."""
+BELOW_TARGET = 2
+"""Chunk sizes under the balanced ``target`` that the aligned plan tries first (``chunk_tile_candidates``):
+where whole chunks of ``target`` tiles leave parts empty (``b`` long requests of ``n`` tiles need
+``ceil(n / target)`` chunks each, which rounds down what ``num_parts / b`` allows), one or two tiles less per
+chunk fills them. Measured on an H200 (paired, docs/perf-notes.md, twentieth session): b8 s1 h16 4096 104 ->
+128 chunks x0.88, b32 s1 h64 1024 x0.90, b4 s1 h64 4096 x0.96, b1 s1 h128 4096 x0.96, b8 s1 h64 4096 x0.99."""
 METADATA_WIDTH = 8
 """int32 fields per part in ``tile_scheduler_metadata``."""
 
@@ -421,11 +428,20 @@ def _aligned_opens(blocks: list[int], capacity: int, fixed_cost: int) -> list[bo
 
 
 def chunk_tile_candidates(target: int, fixed_cost: int) -> list[int]:
-    """Chunk sizes (tiles) the aligned plan tries for its long requests, smallest first: from the
-    balanced ``target`` (a chunk costs at most ``payload``) up to ``target + fixed_cost`` (at most the
-    capacity), at most ``CHUNK_CANDIDATES`` values (every one for ``fixed_cost <= 5``)."""
-    steps = min(fixed_cost, CHUNK_CANDIDATES - 1)
-    return [target + (i * fixed_cost) // steps for i in range(steps + 1)] if steps else [target]
+    """Chunk sizes (tiles) the aligned plan tries for its long requests, smallest first: ``BELOW_TARGET``
+    sizes under the balanced ``target`` (at least 1; repeats allowed), then from ``target`` (a chunk costs
+    at most ``payload``) up to ``target + fixed_cost`` (at most the capacity), at most ``CHUNK_CANDIDATES``
+    values in all (every one from ``target`` for ``fixed_cost <= 5``)."""
+    return [max(target + off, 1) if off < 0 else target + off for off in chunk_tile_offsets(fixed_cost)]
+
+
+def chunk_tile_offsets(fixed_cost: int) -> list[int]:
+    """``chunk_tile_candidates`` relative to ``target`` (what the device planner adds to its ``target``; the
+    negative ones are clamped at 1 tile): ``-BELOW_TARGET .. -1``, then ``0 .. fixed_cost`` in at most
+    ``CHUNK_CANDIDATES - BELOW_TARGET`` steps."""
+    steps = min(fixed_cost, CHUNK_CANDIDATES - BELOW_TARGET - 1)
+    above = [(i * fixed_cost) // steps for i in range(steps + 1)] if steps else [0]
+    return list(range(-BELOW_TARGET, 0)) + above
 
 
 def long_chunks(nb: int, chunk_tiles: int) -> tuple[int, int]:
@@ -446,6 +462,8 @@ def aligned_params(blocks: list[int], num_parts: int, fixed_cost: int) -> tuple[
     target, payload = _budget(blocks, num_parts, fixed_cost)
     capacity, opened = _aligned_capacity(blocks, payload, fixed_cost)
     longs = [nb for nb in blocks if nb + fixed_cost > capacity]  # target >= 1 whenever there is one
+    if not longs:  # nothing is cut: the chunk size is moot (``target``, as before the sizes below it)
+        return (capacity, target) if opened <= num_parts else None
     for tiles in chunk_tile_candidates(target, fixed_cost):
         if opened + sum(long_chunks(nb, tiles)[0] - 1 for nb in longs) <= num_parts:
             return capacity, tiles

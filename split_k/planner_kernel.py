@@ -99,7 +99,8 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass import Int32, Int64, Uint32, Uint64  # noqa: E402
 
 from .planner import (BEGIN_BLOCK, BEGIN_REQ, BEGIN_SPLIT, BLOCK_N, CHUNK_CANDIDATES, END_BLOCK,  # noqa: E402
-                      END_REQ, FIXED_COST, METADATA_WIDTH, chunk_tile_candidates, long_chunks)
+                      END_REQ, FIXED_COST, METADATA_WIDTH, chunk_tile_candidates, chunk_tile_offsets,
+                      long_chunks)
 
 THREADS = 256
 NUM_WARPS = THREADS // 32
@@ -431,7 +432,7 @@ class SplitPlanner:
         # but only for long requests, in parallel), summed per warp. (target_c: a tile count is
         # below 2^29 <= CAP, so only target < CAP can be exceeded; a long request has tiles >
         # target, so target < CAP then.)
-        offsets = chunk_tile_candidates(0, F)  # chunk sizes tried: target_c + offsets[i] (trace-time)
+        offsets = chunk_tile_offsets(F)  # chunk sizes tried: target_c + offsets[i] (``_candidate``; trace-time)
         num_candidates = len(offsets)
         rExtra = cute.make_rmem_tensor(CHUNK_CANDIDATES, Int32)
         rExtra.fill(0)
@@ -448,7 +449,7 @@ class SplitPlanner:
             sReq[r % W, r // W, BUDGET] = cutlass.min(cost, capacity_c)
             if cost > capacity_c:
                 for i in cutlass.range_constexpr(num_candidates):
-                    k, _ = self._long_chunks(nb, target_c + offsets[i])
+                    k, _ = self._long_chunks(nb, self._candidate(target_c, offsets[i]))
                     rExtra[i] += cutlass.min(k - 1, num_parts)
         for i in cutlass.range_constexpr(num_candidates):
             extra = cute.arch.warp_reduction_sum(rExtra[i])
@@ -478,7 +479,7 @@ class SplitPlanner:
                         extra += sWarpExtra[w, i]
                     if opened + extra <= num_parts:
                         verdict = Int32(1)
-                        tiles = target_c + offsets[i]
+                        tiles = self._candidate(target_c, offsets[i])
             if lane == 0:
                 sAligned[0] = verdict
                 sAligned[1] = tiles
@@ -661,6 +662,13 @@ class SplitPlanner:
             cute.arch.sync_warp()
             cute.autovec_copy(rBudget, sReq[None, c, BUDGET])
         return parts
+
+    def _candidate(self, target_c: Int32, offset: int) -> Int32:
+        """Chunk-size candidate ``target + offset`` (``planner.chunk_tile_candidates``): the sizes under
+        ``target`` (``offset < 0``, a trace-time constant) clamped at one tile."""
+        if offset < 0:
+            return cutlass.max(target_c + offset, Int32(1))
+        return target_c + offset
 
     @cute.jit
     def _long_chunks(self, nb: Int32, chunk_tiles: Int32):

@@ -105,11 +105,14 @@ def _check_aligned(parts, blocks, n_chunks, costs, nonempty, payload, target, nu
             assert costs[p] + planner.chunk_cost(nxt, fixed_cost) > capacity, f"part {p} closed early"
     # The smallest chunk size that fits: the one before it needs too many parts.
     candidates = planner.chunk_tile_candidates(target, fixed_cost)
-    assert candidates[0] == target and candidates[-1] == payload and chunk_tiles in candidates
+    assert candidates[planner.BELOW_TARGET] == target and candidates[-1] == payload and chunk_tiles in candidates
+    assert candidates[:planner.BELOW_TARGET] == [max(target - d, 1) for d in range(planner.BELOW_TARGET, 0, -1)]
     longs = [nb for nb in blocks if nb + fixed_cost > capacity]
     _, opened = planner.aligned_capacity(blocks, num_parts, fixed_cost)
     assert len(nonempty) == opened + sum(planner.long_chunks(nb, chunk_tiles)[0] - 1 for nb in longs) <= num_parts
-    for smaller in candidates[:candidates.index(chunk_tiles)]:
+    if not longs:  # nothing is cut: the size is target's (the sizes below it would fit trivially)
+        assert chunk_tiles == target
+    for smaller in candidates[:candidates.index(chunk_tiles)] if longs else []:
         assert opened + sum(planner.long_chunks(nb, smaller)[0] - 1 for nb in longs) > num_parts
 
 
@@ -173,7 +176,7 @@ def test_long_requests_split_evenly_one_part_per_chunk():
     # balanced plan cuts each request into 34 + 30 tiles; the aligned one into 32 + 32.
     lengths = [4096] * 32
     _, balanced = planner.plan(lengths, 66, aligned=False)
-    assert planner.aligned_params([64] * 32, 66, 5) == (44, 34)
+    assert planner.aligned_params([64] * 32, 66, 5) == (44, 32)  # target 34: 2 chunks of 32 either way
     parts = _check_plan(lengths, 66)
     assert [[c.end_block - c.begin_block for c in p] for p in parts] == [[32]] * 64 + [[]] * 2
     # b32 s2 h64 16384 keys: target ceil(32 * 261 / 66) = 127 tiles would cut 256 into 3 chunks (96
@@ -209,10 +212,23 @@ def test_long_and_whole_requests_together():
 
 
 def test_chunk_tile_candidates():
-    assert planner.chunk_tile_candidates(17, 5) == [17, 18, 19, 20, 21, 22]
-    assert planner.chunk_tile_candidates(17, 0) == [17]
-    assert planner.chunk_tile_candidates(17, 1) == [17, 18]
-    assert planner.chunk_tile_candidates(4, 100) == [4, 24, 44, 64, 84, 104]
+    assert planner.chunk_tile_candidates(17, 5) == [15, 16, 17, 18, 19, 20, 21, 22]
+    assert planner.chunk_tile_candidates(17, 0) == [15, 16, 17]
+    assert planner.chunk_tile_candidates(17, 1) == [15, 16, 17, 18]
+    assert planner.chunk_tile_candidates(4, 100) == [2, 3, 4, 24, 44, 64, 84, 104]
+    assert planner.chunk_tile_candidates(1, 5) == [1, 1, 1, 2, 3, 4, 5, 6]  # never below one tile
+    assert planner.chunk_tile_offsets(5) == [-2, -1, 0, 1, 2, 3, 4, 5]
+
+
+def test_aligned_plan_fills_parts_below_target():
+    # b8 s1 h64 4096 keys on 132 parts: target 5 tiles would cut each 64-tile request into 13 chunks
+    # (104 parts); 4 tiles makes 16 chunks each, 128 parts.
+    meta, splits = planner.plan([4096] * 8, 132)
+    assert int(splits[-1]) == 128
+    assert max(int(r[3]) - int(r[1]) for r in meta.tolist() if r[0] == r[2]) == 4
+    # Whole requests are untouched: 64 requests of 16 tiles stay one chunk each.
+    _, splits = planner.plan([1024] * 64, 132)
+    assert int(splits[-1]) == 64
 
 
 def test_plan_does_not_split_when_only_the_fixed_cost_would_fit():

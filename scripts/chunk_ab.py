@@ -1,0 +1,97 @@
+"""A/B of split plans on the GPU: the default plan against plans made with a smaller ``fixed_cost``
+(shorter, more chunks where requests are split) or without the aligned plan's chunk sizes under ``target``
+(``--prev``: ``planner.BELOW_TARGET`` 0, the rule before the twentieth session), same kernel, same inputs,
+CUDA-graph replays timed in interleaved rounds.
+
+    python scripts/chunk_ab.py [--cost 4 --cost 2 ...] [--prev] [--replays 300] [--passes 2] [--config 64,8,1,64,4096 ...]
+
+For each config the plans of ``split_k.planner.plan(lengths, parts, fixed_cost=F)`` for the default F and
+each ``--cost`` (identical plans are timed once; with ``--prev`` no other cost unless given), each passed to
+``mla.flash_mla_with_kvcache`` as its
+metadata; outputs are compared with the default plan's (two summation orders: a few bf16 ulps). Printed per
+plan: the chunks it makes, the longest chunk (tiles), the graph replay median and its ratio to the default.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+CONFIGS = ((64, 8, 1, 64, 4096), (64, 1, 1, 128, 16384), (64, 1, 1, 16, 16384), (64, 1, 1, 16, 1024),
+           (64, 4, 1, 64, 4096), (64, 8, 1, 128, 4096), (64, 16, 1, 64, 4096), (64, 8, 1, 16, 4096))
+MAX_DIFF = 2e-2
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cost", action="append", type=int, default=[], help="fixed_cost of another plan (default 4, 3, 2)")
+    ap.add_argument("--prev", action="store_true", help="also the plan without chunk sizes under target")
+    ap.add_argument("--replays", type=int, default=300)
+    ap.add_argument("--passes", type=int, default=2)
+    ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    import mla
+    from perf_table import bench, grid
+    from split_k import planner
+
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    configs = [grid.Config(*(int(x) for x in t.split(","))) for t in args.config] or [grid.Config(*c) for c in CONFIGS]
+    costs = [planner.FIXED_COST] + [c for c in (args.cost or ([] if args.prev else [4, 3, 2])) if c != planner.FIXED_COST]
+    print(f"{torch.cuda.get_device_name(0)}, 2wg, {args.replays} replays x {args.passes} passes")
+    for cfg in configs:
+        inp = bench.make_inputs(cfg, device="cuda", seed=0)
+        lengths = cfg.seqlens()
+        parts = planner.num_sm_parts(num_sms, cfg.s_q * cfg.h_q, 1)
+        plans = {}
+        for cost in costs:
+            meta, splits = planner.plan(lengths, parts, fixed_cost=cost)
+            if any(meta.equal(m) and splits.equal(s) for m, s in plans.values()):
+                continue
+            plans[f"F={cost}"] = (meta, splits)
+        if args.prev:
+            below, planner.BELOW_TARGET = planner.BELOW_TARGET, 0
+            try:
+                meta, splits = planner.plan(lengths, parts)
+            finally:
+                planner.BELOW_TARGET = below
+            if not any(meta.equal(m) and splits.equal(s) for m, s in plans.values()):
+                plans["prev"] = (meta, splits)
+        fns, outs, shape = {}, {}, {}
+        for name, (meta, splits) in plans.items():
+            rows = meta.tolist()
+            longest = max((r[3] - r[1]) if r[0] == r[2] else 0 for r in rows)
+            shape[name] = (int(splits[-1]), longest)
+            meta, splits = meta.cuda(), splits.cuda()
+            out = torch.empty(cfg.b, cfg.s_q, cfg.h_q, 512, dtype=inp.q.dtype, device="cuda")
+
+            def call(meta=meta, splits=splits, out=out):
+                mla.flash_mla_with_kvcache(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, 512, meta,
+                                           splits, causal=cfg.causal, pipeline="2wg", out=out)
+            call()
+            fns[name], outs[name] = call, out
+        torch.cuda.synchronize()
+        first = next(iter(plans))
+        for name in plans:
+            d = (outs[name].float() - outs[first].float()).abs().max().item()
+            if d > MAX_DIFF or not torch.isfinite(outs[name]).all():
+                raise SystemExit(f"{cfg.label()}: plan {name} differs by {d}")
+        graphs = {name: bench.capture_graph(fn) for name, fn in fns.items()}
+        for p in range(args.passes):
+            samples = bench.time_graphs_interleaved(graphs, replays=args.replays)
+            med = {n: statistics.median(s) for n, s in samples.items()}
+            print(f"  {cfg.label():<26} pass {p + 1}: " + ", ".join(
+                f"{n} ({shape[n][0]} chunks, <= {shape[n][1]} tiles) {med[n]:.2f} x{med[n] / med[first]:.3f}"
+                for n in plans), flush=True)
+        del graphs
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
