@@ -53,15 +53,11 @@ class MLADecodeBase:
     # Lazy rescaling of O (softmax.LAZY_RESCALE_LOG2). A class constant, not a setting: the kernel
     # cache keys on the sources. (An A/B sets it False on the class with the disk cache off.)
     lazy_rescale = True
-    # The 64-row kernels' softmax (``softmax.online_softmax_step``). ``softmax_tree``: the thread's row max as
-    # a pairwise tree (depth 5) instead of one 17-deep chain of FMNMX, on WG0's path between its QK and its
-    # P.V; the same value (max is exact). ``exp2_poly_every`` n: every n-th exp2 on the FMA pipe
-    # (``softmax.exp2_poly``) instead of the MUFU unit; 0: none. Measured on an H200 (paired A/B,
-    # docs/perf-notes.md, twentieth session): the tree 0.98-1.00, the polynomial for every 2nd or 4th
-    # element 0.98-1.01 (more instructions on a path that is issue-bound, not MUFU-bound), so it stays off.
-    # Class constants like lazy_rescale (an A/B sets them on a subclass).
+    # The 64-row kernels' softmax (``softmax.online_softmax_step``): the thread's row max as a pairwise tree
+    # (depth 5) instead of one 17-deep chain of FMNMX, on WG0's path between its QK and its P.V; the same
+    # value (max is exact). Measured on an H200 (paired A/B, docs/perf-notes.md, twentieth session): 0.98-1.00.
+    # A class constant like lazy_rescale (an A/B sets it False on a subclass).
     softmax_tree = True
-    exp2_poly_every = 0
     # 16-byte stores of O into 16-bit destinations (store_rows_16). A class constant like lazy_rescale
     # (False: one store per fragment pair, the form before; kept for the A/B).
     vector_stores = True
@@ -555,7 +551,7 @@ class MLADecodeBase:
                     if blk * BLOCK_N + tScS[i, j][1] >= row_limit[i]:
                         s_mn[i, j] = -Float32.inf
         softmax.online_softmax_step(s_mn, row_max, row_sum, row_scale, scale_log2, lazy=self.lazy_rescale,
-                                    tree=self.softmax_tree, poly_every=self.exp2_poly_every)
+                                    tree=self.softmax_tree)
 
     @cute.jit
     def tma_load_q(self, tma_q, mQ, sQ, pipe_q, q_state, m_block: Int32, kv_head: Int32, r: Int32):

@@ -11,7 +11,6 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
-from cutlass._mlir.dialects import llvm
 
 LN2 = math.log(2.0)
 LAZY_RESCALE_LOG2 = 8.0
@@ -26,7 +25,7 @@ that much, so O is almost never rescaled."""
 @cute.jit
 def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
                         row_scale: cute.Tensor, scale_log2: Float32, lazy: cutlass.Constexpr[bool] = False,
-                        tree: cutlass.Constexpr[bool] = False, poly_every: cutlass.Constexpr[int] = 0):
+                        tree: cutlass.Constexpr[bool] = False):
     """Turn scores ``s_mn`` (rows x cols view, in place) into unnormalised probabilities.
 
     Updates the running ``row_max`` (raw score units) and the thread-partial ``row_sum``, and writes
@@ -36,7 +35,7 @@ def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
     ``lazy``: keep the previous max unless the new one exceeds it by more than ``LAZY_RESCALE_LOG2``
     (then ``row_scale`` is exactly 1; see ``rescale_rows_if_needed``).
     ``tree``: the thread's row max as a pairwise tree (log2 depth) instead of one chain (same value:
-    max is exact). ``poly_every``: see ``settle_max``.
+    max is exact).
     """
     for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
         m_prev = row_max[i]
@@ -48,7 +47,7 @@ def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
                 m_new = cute.arch.fmax(m_new, s_mn[i, j])
         m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
         row_max[i], row_scale[i], row_sum[i] = settle_max(s_mn[i, None], m_prev, m_new, row_sum[i], scale_log2,
-                                                          lazy, poly_every)
+                                                          lazy)
 
 
 def _tree_max(vals: list):
@@ -60,48 +59,15 @@ def _tree_max(vals: list):
     return vals[0]
 
 
-# 2^f on [0, 1) as 1 + f (C1 + f (C2 + f C3)): relative error below 8.6e-5 (a weighted least-squares fit of
-# the relative error; exact at f = 0), far below the bf16 rounding P gets.
-EXP2_C1, EXP2_C2, EXP2_C3 = 0.6951172, 0.2276452, 0.07706616
-
-
-@cute.jit
-def exp2_poly(x: Float32) -> Float32:
-    """2^x on the FMA and integer pipes instead of the MUFU unit (ex2.approx handles 16 lanes per clock and
-    SM, the FMA pipe 128): x = j + f with j = floor(x), 2^f by the cubic above, j added to the exponent
-    bits. x below -126 gives exactly 0 (as ex2.approx.ftz does there, and -inf must give 0: empty rows)."""
-    return Float32(llvm.inline_asm(
-        Float32.mlir_type, [Float32(x).ir_value()],
-        "{\n.reg .f32 xc, t, jf, f, p;\n.reg .b32 tb, pb;\n.reg .pred lo;\n"
-        "setp.lt.f32 lo, $1, 0fC2FC0000;\n"          # x < -126
-        "max.f32 xc, $1, 0fC2FE0000;\n"              # clamp at -127 (no overflow of the exponent field)
-        "add.rm.f32 t, xc, 0f4B400000;\n"            # 1.5 * 2^23 + floor(x): floor in t's low mantissa bits
-        "sub.f32 jf, t, 0f4B400000;\n"
-        "sub.f32 f, xc, jf;\n"
-        f"fma.rn.f32 p, f, 0f{_f32_hex(EXP2_C3)}, 0f{_f32_hex(EXP2_C2)};\n"
-        f"fma.rn.f32 p, p, f, 0f{_f32_hex(EXP2_C1)};\n"
-        "fma.rn.f32 p, p, f, 0f3F800000;\n"
-        "mov.b32 tb, t;\nmov.b32 pb, p;\nshl.b32 tb, tb, 23;\nadd.s32 pb, pb, tb;\n"
-        "mov.b32 $0, pb;\n"
-        "@lo mov.f32 $0, 0f00000000;\n}",
-        "=f,f", has_side_effects=False))
-
-
-def _f32_hex(v: float) -> str:
-    import struct
-    return struct.pack(">f", v).hex().upper()
-
-
 @cute.jit
 def settle_max(scores: cute.Tensor, m_prev: Float32, m_new: Float32, sum_prev: Float32, scale_log2: Float32,
-               lazy: cutlass.Constexpr[bool], poly_every: cutlass.Constexpr[int] = 0):
+               lazy: cutlass.Constexpr[bool]):
     """One row's online softmax step once its new max is known (``m_new``: the max over the previous
     max and every holder of the row's scores): ``scores`` (this thread's share of the row, in place)
     become unnormalised probabilities. Returns ``(max kept, factor for the earlier output, the
     thread-partial sum)``; with ``lazy`` the previous max is kept unless ``m_new`` exceeds it by more
     than ``LAZY_RESCALE_LOG2``. A row with max -inf so far gets probabilities 0 and factor 1 (taken
-    against a max of 0, to avoid inf - inf). ``poly_every`` n > 0: every n-th element's exp2 by
-    ``exp2_poly`` (FMA pipe) instead of the MUFU unit."""
+    against a max of 0, to avoid inf - inf)."""
     if const_expr(lazy):
         # (-inf - -inf is NaN: the comparison is false and the max stays -inf, as it should.)
         if (m_new - m_prev) * scale_log2 <= Float32(LAZY_RESCALE_LOG2):
@@ -113,11 +79,7 @@ def settle_max(scores: cute.Tensor, m_prev: Float32, m_new: Float32, sum_prev: F
     factor = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
     acc = Float32(0.0)
     for j in cutlass.range_constexpr(cute.size(scores)):
-        p = Float32(0.0)
-        if const_expr(poly_every > 0 and j % poly_every == poly_every - 1):
-            p = exp2_poly(scores[j] * scale_log2 - m_scaled)
-        else:
-            p = cute.math.exp2(scores[j] * scale_log2 - m_scaled, fastmath=True)
+        p = cute.math.exp2(scores[j] * scale_log2 - m_scaled, fastmath=True)
         scores[j] = p
         acc += p
     return m_new, factor, sum_prev * factor + acc

@@ -92,9 +92,6 @@ class MLADecode2WG(MLADecodeBase):
     # that issue lost 0.3-8%, docs/perf-notes.md, fourteenth session). Measured on an H200 with the tree max
     # (paired, twentieth session): 0.95-0.99 on the 64-row rows. A class constant (an A/B sets it False).
     p_fence_after_pv = True
-    # With p_fence_after_pv: P's tile stored with stmatrix (4 x4 instructions per thread instead of 16 4-byte
-    # stores, each with its own swizzled address). An experiment (off).
-    p_stmatrix = False
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -126,8 +123,7 @@ class MLADecode2WG(MLADecodeBase):
     def wg0_qk_softmax_pv(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, sV0, s_row_scale,
                           s_row_inv, pipe_q, pipe_k, scale_log2, storage):
-        mma_qk, mma_pv_rs, thr_qk, thr_pv, tSrQ, tSrK, tOrV, tPsP, tScS = self.wg0_fragments(wg_tidx, sQ, sK, sP, sV0)
-        p_copy, tPsP_m = self.p_store_copy(mma_qk, wg_tidx, sP)
+        _, mma_pv_rs, thr_qk, thr_pv, tSrQ, tSrK, tOrV, tPsP, tScS = self.wg0_fragments(wg_tidx, sQ, sK, sP, sV0)
         n_rows_thr = cute.size(tScS, mode=[0])
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
@@ -150,7 +146,7 @@ class MLADecode2WG(MLADecodeBase):
                 rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
                 rP.store(acc_s.load().to(self.dtype))
                 if const_expr(self.p_fence_after_pv):
-                    self.store_p_for_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx, p_copy, tPsP_m)
+                    self.store_p_for_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
                 else:
                     self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
 
@@ -204,24 +200,11 @@ class MLADecode2WG(MLADecodeBase):
         cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
 
     @cute.jit
-    def p_store_copy(self, mma_qk, wg_tidx, sP):
-        """``(tiled copy, this thread's destination view of sP)`` for P's stores with ``stmatrix`` (``p_stmatrix``;
-        ``(None, None)`` without it)."""
-        if const_expr(self.p_stmatrix):
-            atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
-            p_copy = cute.make_tiled_copy_C(atom, mma_qk)
-            return p_copy, p_copy.get_slice(wg_tidx).partition_D(sP)
-        return None, None
-
-    @cute.jit
-    def store_p_for_wg1(self, rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx, p_copy, tPsP_m):
+    def store_p_for_wg1(self, rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx):
         """``hand_p_to_wg1`` without its proxy fence and P_FULL arrive (``p_fence_after_pv``: the caller
-        issues them after its own P.V). With ``p_stmatrix`` P goes out as ``stmatrix`` (``p_copy``, ``tPsP_m``)."""
+        issues them after its own P.V)."""
         cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-        if const_expr(self.p_stmatrix):
-            cute.copy(p_copy, p_copy.get_slice(wg_tidx).retile(rP), tPsP_m)
-        else:
-            cute.autovec_copy(rP, tPsP)
+        cute.autovec_copy(rP, tPsP)
         if wg_tidx % 4 == 0:
             for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
                 s_row_scale[tScS[i, 0][0]] = row_scale[i]

@@ -55,10 +55,7 @@ MODES = {
     "2wg-q-apart": ("2wg", dict(q_warp_apart=True), True),  # Q's TMA from a warp without K boxes (64-row kernel)
     "2wg-evict-last": ("2wg", dict(kv_l2_hint="evict_last"), True),
     "2wg-chain-max": ("2wg", dict(softmax_tree=False), True),  # 64-row kernel: the row max as one FMNMX chain
-    "2wg-poly2": ("2wg", dict(exp2_poly_every=2), False),  # 64-row kernel: every 2nd exp2 on the FMA pipe
-    "2wg-poly4": ("2wg", dict(exp2_poly_every=4), False),  # every 4th
     "2wg-early-fence": ("2wg", dict(p_fence_after_pv=False), True),  # 64-row kernel: P_FULL before WG0's P.V issue
-    "2wg-stsm": ("2wg", dict(p_stmatrix=True), True),  # 64-row kernel: P stored with stmatrix
     "2wg-before-tw": ("2wg", dict(softmax_tree=False, p_fence_after_pv=False), True),  # both as before the 20th session
     "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
