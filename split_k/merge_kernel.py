@@ -23,7 +23,9 @@ one row-chunk spread over 8 warps when they are many (b = 1, long context). Unit
 ``L`` and ``Y`` are chosen on the host without reading the plan, from ``n_est`` chunks per request:
 what the split planner's cost model gives a batch of ``b`` requests that all fill the block table
 (``T`` = its capacity in 64-token tiles, each chunk charged ``T`` tiles plus the planner's fixed cost
-``F``): ``target = ceil(b * (T + F) / num_parts)``, ``n_est = max(min(ceil(T / target), num_parts // b), 2)``
+``F``): ``target = ceil(b * (T + F) / num_parts)``, ``n_est = max(min(ceil(T / target), num_parts // b), 2)``,
+or, for requests longer than ``target``, ``ceil(T / t)`` with the first of ``t = target - 2, target - 1`` (at
+least 1) whose ``b * ceil(T / t)`` chunks fit ``num_parts`` (the aligned plan's sizes under target)
 (``estimated_chunks``; ``max(num_parts // b, 2)`` when the capacity is not given). ``L`` is 16 with
 16-bit partials when ``n_est > 8`` and 8 otherwise (and always 8 for fp32 partials, whose loads are
 twice as wide): two compiled kernels, because 16 loads in flight take 98 registers (2 CTAs per SM)
@@ -67,7 +69,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, BLOCK_N, FIXED_COST
+from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, BELOW_TARGET, BLOCK_N, FIXED_COST
 
 HEAD_DIM_V = 512
 THREADS = 256
@@ -116,8 +118,16 @@ def estimated_chunks(batch_size: int, num_parts: int, max_tiles: int | None = No
     if max_tiles is None:
         return max(num_parts // b, 2)
     t = max(max_tiles, 1)
-    target = -(-b * (t + FIXED_COST) // max(num_parts, 1))
-    return max(min(-(-t // target), num_parts // b), 2)
+    parts = max(num_parts, 1)
+    target = -(-b * (t + FIXED_COST) // parts)
+    n = min(-(-t // target), num_parts // b)
+    if t > target:  # long requests: the aligned plan's chunk sizes under target, where they fit
+        for d in range(BELOW_TARGET, 0, -1):
+            k = -(-t // max(target - d, 1))
+            if b * k <= parts:
+                n = k
+                break
+    return max(n, 2)
 
 
 def kernel_loads(batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE, max_tiles: int | None = None) -> int:
@@ -234,9 +244,18 @@ class SplitMerge:
     def n_est(self, max_tiles: Int32, batch: Int32, num_parts: Int32) -> Int32:
         """``n_est`` as ``estimated_chunks`` computes it from the shapes (host code)."""
         t = cutlass.max(max_tiles, Int32(1))
-        target = (cutlass.max(batch, Int32(1)) * (t + FIXED_COST) + num_parts - 1) // cutlass.max(num_parts, Int32(1))
-        return cutlass.max(cutlass.min((t + target - 1) // target, num_parts // cutlass.max(batch, Int32(1))),
-                           Int32(2))
+        b = cutlass.max(batch, Int32(1))
+        target = (b * (t + FIXED_COST) + num_parts - 1) // cutlass.max(num_parts, Int32(1))
+        n = cutlass.min((t + target - 1) // target, num_parts // b)
+        if t > target:  # the aligned plan's chunk sizes under target, where they fit (estimated_chunks)
+            found = Int32(0)
+            for d in cutlass.range_constexpr(BELOW_TARGET, 0, -1):
+                size = cutlass.max(target - d, Int32(1))
+                k = (t + size - 1) // size
+                if found == 0 and b * k <= num_parts:
+                    n = k
+                    found = Int32(1)
+        return cutlass.max(n, Int32(2))
 
     @cute.jit
     def in_grid_y(self, max_tiles: Int32, batch: Int32, num_parts: Int32) -> Int32:

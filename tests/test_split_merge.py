@@ -195,7 +195,7 @@ def test_merge_estimate_follows_the_planner_on_uniform_batches():
     """``estimated_chunks`` with the block table's capacity (what the merge sizes for and picks its
     loads per round from) lands on the same side of the 8-chunk threshold as the planner's real chunk
     count for batches of requests that fill the table; the estimate without the capacity did not at
-    b8 with 1024 keys (16 estimated, 8 planned)."""
+    b8 with 512 keys (16 estimated, 8 planned)."""
     from split_k import merge_kernel, planner
     for b in (1, 2, 3, 5, 8, 16, 32, 64, 128):
         for seqlen in (64, 512, 1024, 2048, 3000, 4096, 8192, 16384, 32768):
@@ -206,6 +206,8 @@ def test_merge_estimate_follows_the_planner_on_uniform_batches():
                 assert (est > merge_kernel.LOADS_NARROW) == (planned > merge_kernel.LOADS_NARROW), (b, seqlen, num_parts)
                 assert abs(est - max(planned, 2)) <= 2, (b, seqlen, num_parts, est, planned)
     assert merge_kernel.estimated_chunks(8, 132) == 16
-    assert merge_kernel.estimated_chunks(8, 132, merge_kernel.capacity_tiles(16, 64)) == 8
-    assert merge_kernel.kernel_loads(8, 132, max_tiles=16) == merge_kernel.LOADS_NARROW
+    assert merge_kernel.estimated_chunks(8, 132, merge_kernel.capacity_tiles(8, 64)) == 8
+    assert merge_kernel.kernel_loads(8, 132, max_tiles=8) == merge_kernel.LOADS_NARROW
+    # b8 with 1024 keys: target 2 tiles would make 8 chunks of 2; the aligned plan's 1-tile chunks make 16.
+    assert merge_kernel.estimated_chunks(8, 132, merge_kernel.capacity_tiles(16, 64)) == 16
     assert merge_kernel.kernel_loads(1, 132, max_tiles=16) == merge_kernel.LOADS_WIDE
