@@ -1,9 +1,10 @@
 """A/B of split plans on the GPU: the default plan against plans made with a smaller ``fixed_cost``
 (shorter, more chunks where requests are split) or without the aligned plan's chunk sizes under ``target``
-(``--prev``: ``planner.BELOW_TARGET`` 0, the rule before the twentieth session), same kernel, same inputs,
+(``--prev``: ``planner.BELOW_TARGET`` 0, the rule before the twentieth session) or FlashMLA's balanced plan
+(``--balanced F``), same kernel, same inputs,
 CUDA-graph replays timed in interleaved rounds.
 
-    python scripts/chunk_ab.py [--cost 4 --cost 2 ...] [--prev] [--replays 300] [--passes 2] [--config 64,8,1,64,4096 ...]
+    python scripts/chunk_ab.py [--cost 4 --cost 2 ...] [--prev] [--balanced 0 ...] [--replays 300] [--passes 2] [--config 64,8,1,64,4096 ...]
 
 For each config the plans of ``split_k.planner.plan(lengths, parts, fixed_cost=F)`` for the default F and
 each ``--cost`` (identical plans are timed once; with ``--prev`` no other cost unless given), each passed to
@@ -30,6 +31,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cost", action="append", type=int, default=[], help="fixed_cost of another plan (default 4, 3, 2)")
     ap.add_argument("--prev", action="store_true", help="also the plan without chunk sizes under target")
+    ap.add_argument("--balanced", action="append", type=int, default=[],
+                    help="also the balanced plan (FlashMLA's; aligned=False) with this fixed_cost")
     ap.add_argument("--replays", type=int, default=300)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen")
@@ -55,6 +58,10 @@ def main(argv=None) -> int:
             if any(meta.equal(m) and splits.equal(s) for m, s in plans.values()):
                 continue
             plans[f"F={cost}"] = (meta, splits)
+        for cost in args.balanced:
+            meta, splits = planner.plan(lengths, parts, fixed_cost=cost, aligned=False)
+            if not any(meta.equal(m) and splits.equal(s) for m, s in plans.values()):
+                plans[f"bal F={cost}"] = (meta, splits)
         if args.prev:
             below, planner.BELOW_TARGET = planner.BELOW_TARGET, 0
             try:
@@ -65,8 +72,8 @@ def main(argv=None) -> int:
                 plans["prev"] = (meta, splits)
         fns, outs, shape = {}, {}, {}
         for name, (meta, splits) in plans.items():
-            rows = meta.tolist()
-            longest = max((r[3] - r[1]) if r[0] == r[2] else 0 for r in rows)
+            chunks = planner.part_chunks(meta, lengths)
+            longest = max(sum(c.end_block - c.begin_block for c in p) for p in chunks)
             shape[name] = (int(splits[-1]), longest)
             meta, splits = meta.cuda(), splits.cuda()
             out = torch.empty(cfg.b, cfg.s_q, cfg.h_q, 512, dtype=inp.q.dtype, device="cuda")
@@ -87,7 +94,7 @@ def main(argv=None) -> int:
             samples = bench.time_graphs_interleaved(graphs, replays=args.replays)
             med = {n: statistics.median(s) for n, s in samples.items()}
             print(f"  {cfg.label():<26} pass {p + 1}: " + ", ".join(
-                f"{n} ({shape[n][0]} chunks, <= {shape[n][1]} tiles) {med[n]:.2f} x{med[n] / med[first]:.3f}"
+                f"{n} ({shape[n][0]} chunks, parts <= {shape[n][1]} tiles) {med[n]:.2f} x{med[n] / med[first]:.3f}"
                 for n in plans), flush=True)
         del graphs
     return 0
