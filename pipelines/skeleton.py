@@ -173,7 +173,7 @@ class MLADecodeBase:
 
         self.sQ_layout = layouts.smem_tile_layout(dtype, self.q_tile_rows, HEAD_DIM)
         self.sK_layout = layouts.smem_tile_layout(dtype, BLOCK_N, HEAD_DIM, self.kv_stages)
-        self.sP_layout = layouts.smem_tile_layout(dtype, BLOCK_M, BLOCK_N)
+        self.sP_layout = self.p_tile_layout(dtype)
 
         tma_q, mQ_tma = cpasync.make_tiled_tma_atom(
             cpasync.CopyBulkTensorTileG2SOp(), mQ, self.sQ_layout, (self.q_tile_rows, HEAD_DIM))
@@ -435,6 +435,10 @@ class MLADecodeBase:
             self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.MN, Float32,
             (1, 1, 1), (BLOCK_M, HEAD_DIM_V // 2))
         return mma_qk, mma_pv_rs, mma_pv_ss
+
+    def p_tile_layout(self, dtype):
+        """P's shared-memory tile (64 x 64, the P.V's A operand from shared memory): K-major, 128B swizzle."""
+        return layouts.smem_tile_layout(dtype, BLOCK_M, BLOCK_N)
 
     @cute.jit
     def issue_qk(self, acc_s, tSrQ, tSrK, stage):

@@ -92,6 +92,12 @@ class MLADecode2WG(MLADecodeBase):
     # that issue lost 0.3-8%, docs/perf-notes.md, fourteenth session). Measured on an H200 with the tree max
     # (paired, twentieth session): 0.95-0.99 on the 64-row rows. A class constant (an A/B sets it False).
     p_fence_after_pv = True
+    # P's tile without swizzle (wgmma's interleaved K-major layout: 8 x 16-byte core matrices), so that a
+    # thread's 16 stores of P are one base register plus immediate offsets (the 128B swizzle took about 55
+    # address instructions per tile on WG0's path) and each warp store still writes 128 contiguous bytes.
+    # Measured on an H200 (paired, twentieth session): 0.977-1.005, 14 of 16 readings at or below 1.0 on the
+    # 64-row rows; outputs bit-identical. A class constant (an A/B sets it False).
+    p_interleaved = True
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -172,6 +178,13 @@ class MLADecode2WG(MLADecodeBase):
             self.wg0_store_chunk(wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, mma_pv_rs, row_max,
                                  row_sum, tScS, s_row_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage)
         self.wg0_exit(begin_req, end_req)
+
+    def p_tile_layout(self, dtype):
+        """P's tile: the interleaved (unswizzled) K-major layout with ``p_interleaved``, else the base's."""
+        if self.p_interleaved:
+            atom = warpgroup.make_smem_layout_atom(warpgroup.SmemLayoutAtomKind.K_INTER, dtype)
+            return cute.tile_to_shape(atom, (BLOCK_M, BLOCK_N), order=(0, 1))
+        return super().p_tile_layout(dtype)
 
     @cute.jit
     def wg0_fragments(self, wg_tidx, sQ, sK, sP, sV0):
