@@ -88,6 +88,10 @@ class MLADecode2WGNarrow(MLADecode2WG):
     # Q's TMA from WG1's warp 1 (pages 64/128), K's from warp 0 (2wg's ``q_producer_warp``): 1.3-2.7%
     # faster at b1 h16 1024 and b1 h16 16384 on an H100 (paired, docs/perf-notes.md, seventeenth session).
     q_warp_apart = True
+    # P^T's tile keeps the 128B swizzle: the unswizzled tile (``MLADecode2WG.p_interleaved``) helps the 64-row
+    # kernel's register-fragment stores of P; measured here (H200, paired, twentieth session) it was neutral
+    # to 1% slower (b8 s1 h16 4096 1.010 / 1.012, b32 s1 h32 1024 0.996, the others 0.985-1.005).
+    p_interleaved = False
     # 16 rows of fp32 per epilogue pass (``store_transposed``; 16-bit rows take less).
     epilogue_scratch_bytes = PASS_ROWS * ROW_32 * 4
 
