@@ -58,9 +58,6 @@ class MLADecodeBase:
     # value (max is exact). Measured on an H200 (paired A/B, docs/perf-notes.md, twentieth session): 0.98-1.00.
     # A class constant like lazy_rescale (an A/B sets it False on a subclass).
     softmax_tree = True
-    # The exponentials against the kept max first, beside the max reduction (``softmax.online_softmax_step_
-    # speculative``; with lazy rescaling and the tree): an experiment (off).
-    softmax_speculative = False
     # 16-byte stores of O into 16-bit destinations (store_rows_16). A class constant like lazy_rescale
     # (False: one store per fragment pair, the form before; kept for the A/B).
     vector_stores = True
@@ -550,23 +547,15 @@ class MLADecodeBase:
     @cute.jit
     def softmax_tile(self, acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2):
         """Mask the keys past each row's limit (only tail tiles can have any), then the online
-        softmax step: returns the unnormalised P (fp32, ``acc_s``'s layout): ``acc_s`` itself, turned in place,
-        or with ``softmax_speculative`` a new tensor; ``row_scale`` gets the factor for O."""
+        softmax step in place: S becomes unnormalised P (fp32), ``row_scale`` the factor for O."""
         s_mn = layouts.acc_mn_view(acc_s)
         if (blk + 1) * BLOCK_N > seqlen - (self.s_q - 1):
             for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                 for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                     if blk * BLOCK_N + tScS[i, j][1] >= row_limit[i]:
                         s_mn[i, j] = -Float32.inf
-        probs = acc_s
-        if const_expr(self.softmax_speculative and self.lazy_rescale and self.softmax_tree):
-            probs = cute.make_rmem_tensor_like(acc_s, Float32)
-            softmax.online_softmax_step_speculative(s_mn, layouts.acc_mn_view(probs), row_max, row_sum, row_scale,
-                                                    scale_log2)
-        else:
-            softmax.online_softmax_step(s_mn, row_max, row_sum, row_scale, scale_log2, lazy=self.lazy_rescale,
-                                        tree=self.softmax_tree)
-        return probs
+        softmax.online_softmax_step(s_mn, row_max, row_sum, row_scale, scale_log2, lazy=self.lazy_rescale,
+                                    tree=self.softmax_tree)
 
     @cute.jit
     def tma_load_q(self, tma_q, mQ, sQ, pipe_q, q_state, m_block: Int32, kv_head: Int32, r: Int32):

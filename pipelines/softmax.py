@@ -50,50 +50,6 @@ def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
                                                           lazy)
 
 
-@cute.jit
-def online_softmax_step_speculative(s_mn: cute.Tensor, p_mn: cute.Tensor, row_max: cute.Tensor,
-                                    row_sum: cute.Tensor, row_scale: cute.Tensor, scale_log2: Float32):
-    """``online_softmax_step`` with lazy rescaling and the tree max, the probabilities into ``p_mn`` (same
-    shape as the scores ``s_mn``), with the exponentials taken first against the kept max (``row_max``),
-    beside the max reduction instead of after it: with lazy rescaling that is the max they are taken against
-    unless the new one exceeds it by more than ``LAZY_RESCALE_LOG2``. When any row of the warp needs more (a
-    jump past the margin, or a row with no key so far: the chunk's first tile), the warp redoes the step the
-    plain way from the scores (``s_mn`` is left as it was until then). Results are bit for bit those of
-    ``online_softmax_step(lazy=True, tree=True)``."""
-    n_rows = cute.size(s_mn, mode=[0])
-    n_cols = cute.size(s_mn, mode=[1])
-    m_new = cute.make_rmem_tensor(n_rows, Float32)
-    spec_sum = cute.make_rmem_tensor(n_rows, Float32)
-    need = False
-    for i in cutlass.range_constexpr(n_rows):
-        m_prev = row_max[i]
-        m_scaled = m_prev * scale_log2
-        acc = Float32(0.0)
-        for j in cutlass.range_constexpr(n_cols):
-            p = cute.math.exp2(s_mn[i, j] * scale_log2 - m_scaled, fastmath=True)
-            p_mn[i, j] = p
-            acc += p
-        spec_sum[i] = acc
-        m = _tree_max([s_mn[i, j] for j in range(n_cols)] + [m_prev])
-        m_new[i] = cute.arch.warp_reduction_max(m, threads_in_group=4)
-        # The sum's test (false only for an overflow, which the margin test catches too) makes the vote
-        # depend on every exponential, so that ptxas does not sink them into the branch below the vote.
-        keep = (m_prev != -Float32.inf) and ((m_new[i] - m_prev) * scale_log2 <= Float32(LAZY_RESCALE_LOG2))
-        keep = keep and acc < Float32.inf
-        need = need or not keep
-    if cute.arch.vote_any_sync(need):
-        for i in cutlass.range_constexpr(n_rows):
-            m_prev = row_max[i]
-            row_max[i], row_scale[i], row_sum[i] = settle_max(s_mn[i, None], m_prev, m_new[i], row_sum[i],
-                                                              scale_log2, True)
-            for j in cutlass.range_constexpr(n_cols):
-                p_mn[i, j] = s_mn[i, j]
-    else:
-        for i in cutlass.range_constexpr(n_rows):
-            row_scale[i] = Float32(1.0)
-            row_sum[i] = row_sum[i] * Float32(1.0) + spec_sum[i]
-
-
 def _tree_max(vals: list):
     """max of ``vals`` as a pairwise tree (plain Python, run while tracing: the DSL rewrites the control
     flow of jit functions only)."""

@@ -147,10 +147,10 @@ class MLADecode2WG(MLADecodeBase):
                 self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
                 warpgroup.wait_group(0)
 
-                probs = self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+                self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
 
                 rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
-                rP.store(probs.load().to(self.dtype))
+                rP.store(acc_s.load().to(self.dtype))
                 if const_expr(self.p_fence_after_pv):
                     self.store_p_for_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
                 else:

@@ -56,7 +56,6 @@ MODES = {
     "2wg-evict-last": ("2wg", dict(kv_l2_hint="evict_last"), True),
     "2wg-chain-max": ("2wg", dict(softmax_tree=False), True),  # 64-row kernel: the row max as one FMNMX chain
     "2wg-early-fence": ("2wg", dict(p_fence_after_pv=False), True),  # 64-row kernel: P_FULL before WG0's P.V issue
-    "2wg-spec-exp": ("2wg", dict(softmax_speculative=True), True),  # 64-row kernel: exp2 before the max is known
     "2wg-p-swizzled": ("2wg", dict(p_interleaved=False), True),  # 64-row kernel: P's tile 128B-swizzled
     "2wg-before-tw": ("2wg", dict(softmax_tree=False, p_fence_after_pv=False, p_interleaved=False), True),  # as before the 20th session
     "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
