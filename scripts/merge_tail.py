@@ -114,18 +114,11 @@ class ModeEntry(DecodeEntry):
 
 
 def measure(cfg, variant: str, replays: int, entry_cls, compiled: dict, modes=DEFAULT_MODES) -> dict:
-    import mla
     from perf_table import bench
-    from pipelines import paged_kv
-    from pipelines.launch import TVM_FFI_OPTION, DecodeConfig, entry_args, partial_from_env
+    from pipelines.launch import TVM_FFI_OPTION, entry_args
+    from probe_setup import planned_entry
 
-    inp = bench.make_inputs(cfg, device="cuda", seed=0)
-    dec = mla.MLADecoder(pipeline=variant)
-    dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1, page_size=cfg.page_size,
-             dtype=inp.q.dtype, causal=cfg.causal)
-    shape = dec._planned
-    config = DecodeConfig.make(variant, shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal, 1,
-                               paged_kv.multicast_enabled(), partial_from_env(), dec._info.split_cluster)
+    inp, dec, config = planned_entry(cfg, variant)
     fns = {}
     for mode in modes:
         if mode in ("merge", "grid"):

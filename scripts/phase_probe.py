@@ -136,22 +136,16 @@ def main(argv=None) -> int:
 
     import torch
 
-    import mla
     from perf_table import bench, grid
-    from pipelines.launch import DecodeConfig, compile_entry, partial_from_env
+    from pipelines.launch import compile_entry
+    from probe_setup import planned_entry
 
     print(torch.cuda.get_device_name(0), flush=True)
     for spec in args.config or ["64,128,1,128,4096"]:
         cfg = grid.Config(*(int(x) for x in spec.split(",")))
         if cfg.h_q * cfg.s_q <= 32:
             raise SystemExit(f"{cfg.label()}: the narrow kernel runs this shape; this probe is the 64-row kernel's")
-        inp = bench.make_inputs(cfg, device="cuda", seed=0)
-        dec = mla.MLADecoder(pipeline="2wg")
-        dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1, page_size=cfg.page_size,
-                 dtype=inp.q.dtype, causal=cfg.causal)
-        shape = dec._planned
-        config = DecodeConfig.make("2wg", shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal, 1,
-                                   paged_kv.multicast_enabled(), partial_from_env(), dec._info.split_cluster)
+        inp, dec, config = planned_entry(cfg)
         buf = torch.zeros(MAX_CTAS, SLOTS, dtype=torch.int64, device="cuda")
         fn = compile_entry(config, kernel_class=probe_class(buf.data_ptr()))
         graphs, _ = bench.capture_entries({"probe": fn}, inp, dec)

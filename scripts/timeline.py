@@ -169,20 +169,14 @@ def main(argv=None) -> int:
 
     import torch
 
-    import mla
     from perf_table import bench, grid
-    from pipelines.launch import DecodeConfig, compile_entry, partial_from_env
+    from pipelines.launch import compile_entry
+    from probe_setup import planned_entry
 
     print(torch.cuda.get_device_name(0), flush=True)
     for spec in args.config or ["64,1,1,16,1024"]:
         cfg = grid.Config(*(int(x) for x in spec.split(",")))
-        inp = bench.make_inputs(cfg, device="cuda", seed=0)
-        dec = mla.MLADecoder(pipeline="2wg")
-        dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1, page_size=cfg.page_size,
-                 dtype=inp.q.dtype, causal=cfg.causal)
-        shape = dec._planned
-        config = DecodeConfig.make("2wg", shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal, 1,
-                                   paged_kv.multicast_enabled(), partial_from_env(), dec._info.split_cluster)
+        inp, dec, config = planned_entry(cfg)
         parts = int(dec.tile_scheduler_metadata.shape[0])
         if parts > MAX_CTAS:
             raise SystemExit(f"{parts} plan parts: more than the buffer's {MAX_CTAS}")

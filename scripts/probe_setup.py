@@ -1,0 +1,23 @@
+"""Setup shared by the diagnostics that compile the library's decode entry with a kernel class of their own
+(``scripts/phase_probe.py``, ``scripts/mode_probe.py``, ``scripts/timeline.py``). Needs a GPU."""
+from __future__ import annotations
+
+
+def planned_entry(cfg, variant: str = "2wg"):
+    """``(inp, dec, config)`` for a perf-grid config ``cfg`` (``perf_table.grid.Config``): its inputs (seed 0,
+    on the GPU), an ``mla.MLADecoder`` of ``variant`` planned for them, and the ``DecodeConfig`` of the entry
+    the decoder launches (multicast and partial dtype as the environment sets them), to compile with
+    ``pipelines.launch.compile_entry(config, kernel_class=...)``."""
+    import mla
+    from perf_table import bench
+    from pipelines import paged_kv
+    from pipelines.launch import DecodeConfig, partial_from_env
+
+    inp = bench.make_inputs(cfg, device="cuda", seed=0)
+    dec = mla.MLADecoder(pipeline=variant)
+    dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1, page_size=cfg.page_size,
+             dtype=inp.q.dtype, causal=cfg.causal)
+    shape = dec._planned
+    config = DecodeConfig.make(variant, shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal, 1,
+                               paged_kv.multicast_enabled(), partial_from_env(), dec._info.split_cluster)
+    return inp, dec, config
