@@ -10,7 +10,8 @@ shapes (``64x16x16`` / ``64x32x16`` only for 2wg at <= 32 query rows, its narrow
 else),
 ``WARPGROUP.DEPBAR`` (waits for wgmma: one after every HGMMA means ptxas serialized them),
 ``UTMALDG`` (TMA loads), ``UTMALDG...MULTICAST``, ``USETMAXREG`` (register reallocation), ``LDGSTS``
-(cp.async) and ``LDL``/``STL`` (local memory: register spills). The configurations cover both KV
+(cp.async), ``STS_ONE_BASE`` (the most 4-byte shared stores from one base register: 16 for 2wg's 64-row
+kernel, whose P tile is unswizzled) and ``LDL``/``STL`` (local memory: register spills). The configurations cover both KV
 loaders and the multicast cluster (``DECODE_CONFIGS``): what a configuration promises follows from
 its page size and cluster (``loader_promises``) on top of the variant's own promises. It exits 1 if
 a kernel lacks an instruction it promises, has one it must not have, has its wgmma serialized, touches
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
 COUNTED = ("HGMMA", "HGMMA_NARROW", "HGMMA_WIDE", "WGMMA_WAIT", "UTMALDG", "UTMALDG_MULTICAST", "UTMAPF", "USETMAXREG", "LDGSTS", "CLUSTER_BAR",
-           "LD_DSMEM", "STG_128", "GRID_BARRIER",
+           "LD_DSMEM", "STG_128", "GRID_BARRIER", "STS_ONE_BASE",
            "LDL", "STL")
 _PATTERNS = {
     "HGMMA": re.compile(r"\bHGMMA\b"),
@@ -160,6 +161,8 @@ def targets(variants: list[str]) -> list[Target]:
             else:
                 need += ("HGMMA_WIDE",)
                 forbid += ("HGMMA_NARROW",)
+                if v == "2wg":  # the 64-row kernel: P's unswizzled tile, 16 stores from one base (MIN_COUNTS)
+                    need += ("STS_ONE_BASE",)
             # The in-grid merge (pipelines.GRID_MERGE_VARIANTS, never with a split cluster).
             if v in pipelines.GRID_MERGE_VARIANTS and split_cluster == 1:
                 need += ("GRID_BARRIER",)
@@ -195,8 +198,23 @@ def find_nvdisasm() -> str | None:
     return None
 
 
+# 4-byte shared stores addressed as one base register (plus a uniform register) and an immediate offset.
+_STS_BASE = re.compile(r"\bSTS \[(R\d+(?:\+UR\d+)?)\+0x[0-9a-f]+\]")
+# Counts that a promise needs at least this many of (others: at least 1).
+MIN_COUNTS = {
+    # 2wg's 64-row kernel stores P's unswizzled tile (MLADecode2WG.p_interleaved) with its 16 stores from one
+    # base register; with the swizzle each store had its own address (at most 2 shared a base).
+    "STS_ONE_BASE": 16,
+}
+
+
 def count_sass(sass: str) -> dict[str, int]:
-    return {k: len(_PATTERNS[k].findall(sass)) for k in COUNTED}
+    counts = {k: len(_PATTERNS[k].findall(sass)) for k in COUNTED if k in _PATTERNS}
+    bases: dict[str, int] = {}
+    for base in _STS_BASE.findall(sass):
+        bases[base] = bases.get(base, 0) + 1
+    counts["STS_ONE_BASE"] = max(bases.values(), default=0)  # the most 4-byte stores sharing one base
+    return {k: counts[k] for k in COUNTED}
 
 
 # ptxas serializes a kernel's wgmma when it cannot keep the in-flight accumulators untouched
@@ -249,7 +267,8 @@ def dependent_launch_problems(sass: str) -> list[str]:
 
 def check_promises(counts: dict[str, int], need, forbid) -> list[str]:
     """Return the broken promises (empty if all hold)."""
-    problems = [f"no {k}" for k in need if counts.get(k, 0) == 0]
+    problems = [f"no {k}" if MIN_COUNTS.get(k, 1) == 1 else f"{counts.get(k, 0)} {k} (< {MIN_COUNTS[k]})"
+                for k in need if counts.get(k, 0) < MIN_COUNTS.get(k, 1)]
     problems += [f"{counts[k]} {k}" for k in forbid if counts.get(k, 0) > 0]
     if counts.get("HGMMA", 0) and counts.get("WGMMA_WAIT", 0) > MAX_WAITS_PER_HGMMA * counts["HGMMA"]:
         problems.append(f"wgmma serialized ({counts['WGMMA_WAIT']} waits for {counts['HGMMA']} HGMMA)")

@@ -16,6 +16,18 @@ def test_count_sass_and_promises():
     assert compile_check.check_promises(counts, ("USETMAXREG",), ("LDL",)) == ["no USETMAXREG", "1 LDL"]
 
 
+def test_stores_from_one_base_need_sixteen():
+    # 2wg's 64-row kernel stores P's unswizzled tile as 16 4-byte stores from one base register.
+    one_base = "".join(f" STS [R178+0x{0x36800 + 0x80 * i:x}], R{152 + i} ;\n" for i in range(16))
+    counts = compile_check.count_sass(one_base + " STS [R21+UR8+0x30], R1 ;\n STS.U16 [R22], RZ ;\n")
+    assert counts["STS_ONE_BASE"] == 16
+    assert compile_check.check_promises(counts, ("STS_ONE_BASE",), ()) == []
+    swizzled = "".join(f" STS [R{180 + i}], R{152 + i} ;\n" for i in range(14)) + " STS [R21+UR8+0x30], R1 ;\n" * 2
+    counts = compile_check.count_sass(swizzled)
+    assert counts["STS_ONE_BASE"] == 2
+    assert compile_check.check_promises(counts, ("STS_ONE_BASE",), ()) == ["2 STS_ONE_BASE (< 16)"]
+
+
 def test_serialized_wgmma_breaks_a_promise():
     # ptxas's fallback: a wait after every HGMMA. One wait per wgmma group is the normal shape.
     serialized = "HGMMA.64x64x16.F32.BF16 R0\n WARPGROUP.DEPBAR.LE gsb0, 0x0 ;\n" * 8
