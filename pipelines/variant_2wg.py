@@ -164,8 +164,7 @@ class MLADecode2WG(MLADecodeBase):
                 if const_expr(self.p_fence_after_pv):
                     # P's stores were issued before this P.V (its registers are not touched after the issue);
                     # the proxy fence and P_FULL follow the issue, so WG0's P.V does not wait for the fence.
-                    cute.arch.fence_view_async_shared()
-                    cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
+                    self.publish_p()
                 warpgroup.wait_group(0)
                 self.loader.consumer_release(pipe_k, k_state)
                 k_state.advance()
@@ -204,23 +203,25 @@ class MLADecode2WG(MLADecodeBase):
     def hand_p_to_wg1(self, rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx):
         """P (16-bit registers) and the rows' rescale factors to WG1 through smem, once WG1 is done with
         the previous tile's P (P_EMPTY), then P_FULL."""
-        cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-        cute.autovec_copy(rP, tPsP)
-        if wg_tidx % 4 == 0:
-            for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
-                s_row_scale[tScS[i, 0][0]] = row_scale[i]
-        cute.arch.fence_view_async_shared()  # P is read by WG1's wgmma (async proxy)
-        cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
+        self.store_p_for_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
+        self.publish_p()
 
     @cute.jit
     def store_p_for_wg1(self, rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx):
-        """``hand_p_to_wg1`` without its proxy fence and P_FULL arrive (``p_fence_after_pv``: the caller
-        issues them after its own P.V)."""
+        """P and the rows' rescale factors into smem once WG1 is done with the previous tile's P (P_EMPTY),
+        not yet published (``publish_p``)."""
         cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
         cute.autovec_copy(rP, tPsP)
         if wg_tidx % 4 == 0:
             for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
                 s_row_scale[tScS[i, 0][0]] = row_scale[i]
+
+    @cute.jit
+    def publish_p(self):
+        """The stores of ``store_p_for_wg1`` to WG1: the proxy fence (WG1's wgmma reads P through the async
+        proxy), then P_FULL."""
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
 
     @cute.jit
     def wg0_store_chunk(self, wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, mma_pv, row_max, row_sum,
