@@ -53,23 +53,21 @@ def main(argv=None) -> int:
         lengths = cfg.seqlens()
         parts = planner.num_sm_parts(num_sms, cfg.s_q * cfg.h_q, 1)
         plans = {}
+
+        def add(name, plan):  # a plan equal to one already listed is timed once, under the first name
+            if not any(plan[0].equal(m) and plan[1].equal(s) for m, s in plans.values()):
+                plans[name] = plan
+
         for cost in costs:
-            meta, splits = planner.plan(lengths, parts, fixed_cost=cost)
-            if any(meta.equal(m) and splits.equal(s) for m, s in plans.values()):
-                continue
-            plans[f"F={cost}"] = (meta, splits)
+            add(f"F={cost}", planner.plan(lengths, parts, fixed_cost=cost))
         for cost in args.balanced:
-            meta, splits = planner.plan(lengths, parts, fixed_cost=cost, aligned=False)
-            if not any(meta.equal(m) and splits.equal(s) for m, s in plans.values()):
-                plans[f"bal F={cost}"] = (meta, splits)
+            add(f"bal F={cost}", planner.plan(lengths, parts, fixed_cost=cost, aligned=False))
         if args.prev:
             below, planner.BELOW_TARGET = planner.BELOW_TARGET, 0
             try:
-                meta, splits = planner.plan(lengths, parts)
+                add("prev", planner.plan(lengths, parts))
             finally:
                 planner.BELOW_TARGET = below
-            if not any(meta.equal(m) and splits.equal(s) for m, s in plans.values()):
-                plans["prev"] = (meta, splits)
         fns, outs, shape = {}, {}, {}
         for name, (meta, splits) in plans.items():
             chunks = planner.part_chunks(meta, lengths)

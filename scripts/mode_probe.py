@@ -29,28 +29,23 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass._mlir.dialects import llvm  # noqa: E402
 
 from pipelines.variant_2wg import MLADecode2WG  # noqa: E402
+from probe_setup import cta_row  # noqa: E402
 
 SLOTS = 8  # per CTA: start ns, start clk, end0 ns, end0 clk, end1 ns, end1 clk, smid, pad
 START, END0, END1, SMID = 0, 2, 4, 6
 MAX_CTAS = 1024
 
 
-def _cta_row(base: int):
-    bx, by, _ = cute.arch.block_idx()
-    gx, _, _ = cute.arch.grid_dim()
-    return cutlass.Int64(base) + (cutlass.Int64(by) * cutlass.Int64(gx) + cutlass.Int64(bx)) * SLOTS * 8
-
-
 def _stamp(base: int, slot: int):
     """%globaltimer and %clock64 into slots ``slot`` and ``slot + 1`` of this CTA's row."""
-    addr = _cta_row(base) + slot * 8
+    addr = cta_row(base, SLOTS) + slot * 8
     llvm.inline_asm(None, [addr.ir_value()],
                     "{\n.reg .u64 t, c;\nmov.u64 t, %globaltimer;\nmov.u64 c, %clock64;\n"
                     "st.global.u64 [$0], t;\nst.global.u64 [$0+8], c;\n}", "l", has_side_effects=True)
 
 
 def _stamp_smid(base: int):
-    addr = _cta_row(base) + SMID * 8
+    addr = cta_row(base, SLOTS) + SMID * 8
     llvm.inline_asm(None, [addr.ir_value()],
                     "{\n.reg .u32 s;\n.reg .u64 w;\nmov.u32 s, %smid;\ncvt.u64.u32 w, s;\nst.global.u64 [$0], w;\n}",
                     "l", has_side_effects=True)

@@ -38,6 +38,7 @@ from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 
 from pipelines.variant_2wg import MLADecode2WG  # noqa: E402
+from probe_setup import cta_row  # noqa: E402
 
 EVENTS = ("qk issue", "qk done", "hand", "handed", "pv0 issue", "pv0 done", "pv1 issue", "pv1 done")
 QK_ISSUE, QK_DONE, HAND, HANDED, PV0_ISSUE, PV0_DONE, PV1_ISSUE, PV1_DONE = range(len(EVENTS))
@@ -46,22 +47,17 @@ SLOTS = 2 * len(EVENTS) + 2  # per CTA: (sum, count) per event, first, last
 MAX_CTAS = 1024
 
 
-def _row(base: int):
-    bx, by, _ = cute.arch.block_idx()
-    gx, _, _ = cute.arch.grid_dim()
-    return cutlass.Int64(base) + (cutlass.Int64(by) * cutlass.Int64(gx) + cutlass.Int64(bx)) * SLOTS * 8
-
-
 def _add_clock(base: int, event: int):
     """``%clock64`` into this CTA's sum of ``event``, and 1 into its count; with the first / last too
     for ``qk issue`` / ``pv0 done``."""
-    addr = _row(base) + event * 16
+    row = cta_row(base, SLOTS)
+    addr = row + event * 16
     extra = ""
     if event == QK_ISSUE:
         extra = f"atom.global.min.u64 d, [$1+{FIRST * 8}], c;\n"
     elif event == PV0_DONE:
         extra = f"atom.global.max.u64 d, [$1+{LAST * 8}], c;\n"
-    llvm.inline_asm(None, [addr.ir_value(), _row(base).ir_value()],
+    llvm.inline_asm(None, [addr.ir_value(), row.ir_value()],
                     "{\n.reg .u64 c, d;\nmov.u64 c, %clock64;\nred.global.add.u64 [$0], c;\n"
                     "red.global.add.u64 [$0+8], 1;\n" + extra + "}", "l,l", has_side_effects=True)
 

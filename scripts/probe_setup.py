@@ -3,6 +3,17 @@
 from __future__ import annotations
 
 
+def cta_row(base: int, slots: int):
+    """Inside a kernel (while tracing): the address of this CTA's row of ``slots`` 8-byte words in the buffer
+    at ``base``, rows in the order of the CTA's linear index over grid x and y."""
+    import cutlass
+    import cutlass.cute as cute
+
+    bx, by, _ = cute.arch.block_idx()
+    gx, _, _ = cute.arch.grid_dim()
+    return cutlass.Int64(base) + (cutlass.Int64(by) * cutlass.Int64(gx) + cutlass.Int64(bx)) * slots * 8
+
+
 def planned_entry(cfg, variant: str = "2wg"):
     """``(inp, dec, config)`` for a perf-grid config ``cfg`` (``perf_table.grid.Config``): its inputs (seed 0,
     on the GPU), an ``mla.MLADecoder`` of ``variant`` planned for them, and the ``DecodeConfig`` of the entry
