@@ -1,19 +1,23 @@
-"""Where a short decode's time goes: per-CTA timestamps inside 2wg's narrow kernel (diagnostic).
+"""Where a short decode's time goes: per-CTA timestamps inside 2wg's kernels (diagnostic).
 
-    python scripts/timeline.py [--config 64,1,1,16,1024] [--replays 200]
+    python scripts/timeline.py [--config 64,1,1,16,1024] [--replays 200] [--attr short_prefetch_when=2]
 
-The library's decode entry for the config (2wg; at <= 32 rows per kv head its narrow kernel) is compiled
-once more with a subclass that records, per CTA, ``%globaltimer`` (ns, comparable across SMs) and
-``%clock64`` (SM cycles) at five events, by one thread each (inline PTX, into a buffer whose address is
-baked into the kernel):
+The library's decode entry for the config (2wg: at <= 32 rows per kv head its narrow kernel, else the
+64-row one) is compiled once more with a subclass that records, per CTA, ``%globaltimer`` (ns, comparable
+across SMs) and ``%clock64`` (SM cycles) at these events, by one thread each (inline PTX, into a buffer
+whose address is baked into the kernel):
 
 - ``entry`` (printed as the first column): the CTA runs its first lines (before the barrier inits);
 - ``start``: the roles begin (after the barrier inits, griddepcontrol.wait and the plan row's loads
   were issued);
-- ``st 1`` / ``st 2``: WG0 issues a tile's S^T (its Q and K tile have landed), first and second tile of
-  the CTA (an atomic counter per CTA picks the slot);
-- ``store``: WG1 starts a chunk's epilogue (the scratch transpose and the stores);
-- ``end``: WG1 has issued the chunk's last store.
+- ``t 1`` .. ``t 8``: WG0 issues a tile's first product (S^T in the narrow kernel, QK in the 64-row one):
+  its Q and K tile have landed; the CTA's first to eighth tile (an atomic counter per CTA picks the slot);
+- ``store``: a chunk's epilogue starts (WG1's in the narrow kernel, WG0's in the 64-row one);
+- ``end``: that warpgroup has issued the chunk's last store.
+
+``--attr name=value`` (repeatable) sets a class constant of the kernel (an integer or a name), as
+``scripts/entry_ab.py``'s modes do. With more than ``--rows`` working CTAs, the per-CTA table is cut to
+that many rows and each event's minimum / median / maximum over all working CTAs follows.
 
 And in the split-kv merge kernel (the same buffer, rows from ``MERGE_ROW0``; thread 0 of each CTA of grid
 row 0, through hooks on ``cute.arch.griddepcontrol_*`` while the entry is traced): ``m entry`` (its first
@@ -43,16 +47,24 @@ from cutlass._mlir.dialects import llvm  # noqa: E402
 
 from pipelines.variant_2wg_narrow import MLADecode2WGNarrow  # noqa: E402
 
-EVENTS = ("start", "st 1", "st 2", "store", "end")
-SLOTS = 8  # per CTA: 5 events, the kernel entry, padding, the S^T counter
-START, ST, STORE, END, ENTRY = 0, 1, 3, 4, 5
-COUNTER = 7
+TILES = 8  # tile stamps per CTA
+EVENTS = ("start",) + tuple(f"t {k + 1}" for k in range(TILES)) + ("store", "end")
+SLOTS = 16  # per CTA: the events, the kernel entry, padding, the tile counter
+START, ST, STORE, END, ENTRY = 0, 1, 1 + TILES, 2 + TILES, 3 + TILES
+COUNTER = 15
+
+
+def _cta():
+    """This CTA's row: plan part (grid y) times the m-blocks (grid x) plus its m-block."""
+    bx, by, _ = cute.arch.block_idx()
+    gx, _, _ = cute.arch.grid_dim()
+    return by * gx + bx
 
 
 def _stamp(base: int, slot):
     """%globaltimer into ``base[cta][slot]`` and %clock64 into the second half of the buffer (``MAX_CTAS``
     rows further)."""
-    cta = cute.arch.block_idx()[1]  # grid y: the plan part
+    cta = _cta()
     addr = cutlass.Int64(base) + (cutlass.Int64(cta) * SLOTS + slot) * 8
     llvm.inline_asm(None, [addr.ir_value(), cutlass.Int64(MAX_CTAS * SLOTS * 8).ir_value()],
                     "{\n.reg .u64 t, c, a;\nmov.u64 t, %globaltimer;\nmov.u64 c, %clock64;\n"
@@ -63,7 +75,7 @@ def _stamp(base: int, slot):
 def _stamp_counted(base: int, first_slot: int, n_slots: int):
     """``_stamp`` into slot ``first_slot + k``, ``k`` = this CTA's count of earlier calls (at most
     ``n_slots - 1``), from an atomic counter in slot ``COUNTER``."""
-    cta = cute.arch.block_idx()[1]
+    cta = _cta()
     row = cutlass.Int64(base) + cutlass.Int64(cta) * SLOTS * 8
     llvm.inline_asm(None, [row.ir_value(), cutlass.Int64(MAX_CTAS * SLOTS * 8).ir_value()],
                     "{\n.reg .u32 o;\n.reg .u64 t, c, a, b;\n"
@@ -75,7 +87,7 @@ def _stamp_counted(base: int, first_slot: int, n_slots: int):
 
 
 MAX_CTAS = 1024
-MERGE_ROW0 = 512  # merge CTA (part, 0) stamps into row MERGE_ROW0 + part
+MERGE_ROW0 = 640  # merge CTA (part, 0) stamps into row MERGE_ROW0 + part
 M_ENTRY, M_WAIT, M_GO = 0, 1, 2
 
 
@@ -124,10 +136,12 @@ class MergeHooks:
         cute.arch.griddepcontrol_launch_dependents, cute.arch.griddepcontrol_wait = self.real
 
 
-def timed_class(base: int):
-    """The narrow kernel with the stamps of the module docstring, writing to the buffer at ``base``."""
+def timed_class(base: int, parent):
+    """``parent`` (the entry's 2wg kernel class, narrow or 64-row) with the stamps of the module docstring,
+    writing to the buffer at ``base``."""
+    narrow = issubclass(parent, MLADecode2WGNarrow)
 
-    class Timed(MLADecode2WGNarrow):
+    class Timed(parent):
         @cute.jit
         def make_pipelines(self, storage):
             tidx, _, _ = cute.arch.thread_idx()
@@ -143,34 +157,70 @@ def timed_class(base: int):
                 _stamp(base, START)
             return res
 
+    if narrow:
+        class TimedNarrow(Timed):
+            @cute.jit
+            def issue_st(self, acc_t, tTrK, tTrQ, stage):
+                tidx, _, _ = cute.arch.thread_idx()
+                if tidx == 0:
+                    _stamp_counted(base, ST, TILES)
+                super().issue_st(acc_t, tTrK, tTrQ, stage)
+
+            @cute.jit
+            def store_transposed(self, acc_mn, tOcO, col_inv, wg_tidx, kv_head, last, mDst, storage):
+                if wg_tidx == 0:
+                    _stamp(base, STORE)
+                super().store_transposed(acc_mn, tOcO, col_inv, wg_tidx, kv_head, last, mDst, storage)
+                if wg_tidx == 0:
+                    _stamp(base, END)
+
+        return TimedNarrow
+
+    class TimedWide(Timed):
         @cute.jit
-        def issue_st(self, acc_t, tTrK, tTrQ, stage):
+        def issue_qk(self, acc_s, tSrQ, tSrK, stage):
             tidx, _, _ = cute.arch.thread_idx()
             if tidx == 0:
-                _stamp_counted(base, ST, 2)
-            super().issue_st(acc_t, tTrK, tTrQ, stage)
+                _stamp_counted(base, ST, TILES)
+            super().issue_qk(acc_s, tSrQ, tSrK, stage)
 
         @cute.jit
-        def store_transposed(self, acc_mn, tOcO, col_inv, wg_tidx, kv_head, last, mDst, storage):
-            if wg_tidx == 0:
+        def store_chunk(self, acc, tiled_mma, wg_tidx, math_tidx, row_inv, row_lse,
+                        write_lse: cutlass.Constexpr[bool], col0: cutlass.Constexpr[int], m_block, kv_head, r,
+                        is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage):
+            if math_tidx == 0:
                 _stamp(base, STORE)
-            super().store_transposed(acc_mn, tOcO, col_inv, wg_tidx, kv_head, last, mDst, storage)
-            if wg_tidx == 0:
+            super().store_chunk(acc, tiled_mma, wg_tidx, math_tidx, row_inv, row_lse, write_lse, col0, m_block,
+                                kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
+            if math_tidx == 0:
                 _stamp(base, END)
 
-    return Timed
+    return TimedWide
+
+
+def _attrs(specs) -> dict:
+    out = {}
+    for spec in specs:
+        name, _, value = spec.partition("=")
+        try:
+            out[name] = int(value)
+        except ValueError:
+            out[name] = value
+    return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen (default 64,1,1,16,1024)")
     ap.add_argument("--replays", type=int, default=200)
+    ap.add_argument("--attr", action="append", default=[], help="name=value: a class constant of the kernel")
+    ap.add_argument("--rows", type=int, default=16, help="per-CTA rows printed at most")
     args = ap.parse_args(argv)
 
     import torch
 
     from perf_table import bench, grid
-    from pipelines.launch import compile_entry
+    from pipelines.launch import _kernel_class, compile_entry
     from probe_setup import planned_entry
 
     print(torch.cuda.get_device_name(0), flush=True)
@@ -182,7 +232,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"{parts} plan parts: more than the buffer's {MAX_CTAS}")
         buf = torch.zeros(2, MAX_CTAS, SLOTS, dtype=torch.int64, device="cuda")
         with MergeHooks(buf.data_ptr()) as hooks:
-            fn = compile_entry(config, kernel_class=timed_class(buf.data_ptr()))
+            parent = type("Probed", (_kernel_class("2wg", config),), _attrs(args.attr))
+            fn = compile_entry(config, kernel_class=timed_class(buf.data_ptr(), parent))
         if hooks.calls["launch"] < 2 or hooks.calls["wait"] < 2:
             raise SystemExit(f"the merge hooks saw {hooks.calls}: not the entry's decode-then-merge order")
         graphs, _ = bench.capture_entries({"timed": fn}, inp, dec)
@@ -190,27 +241,40 @@ def main(argv=None) -> int:
         for i in range(args.replays):
             buf[:, :, COUNTER] = 0
             if i == args.replays - 1:
-                buf.zero_()  # the printed replay's stamps only (a 1-tile CTA writes no "st 2")
+                buf.zero_()  # the printed replay's stamps only (a 1-tile CTA writes no "t 2")
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             graphs["timed"].replay()
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) * 1e3)
-        ns, cyc = buf[0, :parts].cpu(), buf[1, :parts].cpu()
-        t0 = int(ns[:, ENTRY][ns[:, ENTRY] > 0].min())
-        print(f"{cfg.label()}: {parts} parts; graph replay median {statistics.median(times):.2f} us, last "
-              f"{times[-1]:.2f} us; us from the earliest entry (globaltimer) | SM cycles from the CTA's start")
-        print("  part     entry  " + "  ".join(f"{e:>8}" for e in EVENTS) + "   |  "
-              + "  ".join(f"{e:>7}" for e in EVENTS[1:]))
-        for p in range(parts):
-            if int(ns[p, STORE]) == 0:
-                continue  # no chunk
-            row = [(int(ns[p, s]) - t0) / 1e3 if int(ns[p, s]) else float("nan") for s in (ENTRY,) + tuple(range(5))]
-            cy = [int(cyc[p, s]) - int(cyc[p, START]) if int(cyc[p, s]) else -1 for s in range(1, 5)]
-            print(f"  {p:>4}  " + "  ".join(f"{v:8.2f}" for v in row) + "   |  " + "  ".join(f"{c:7d}" for c in cy))
-        ends = ns[:, END][ns[:, END] > 0]
-        print(f"  last end {(int(ends.max()) - t0) / 1e3:.2f} us after the earliest entry", flush=True)
+        ns_all, cyc_all = buf[0].cpu(), buf[1].cpu()
+        used = [c for c in range(MERGE_ROW0) if int(ns_all[c, STORE])]
+        t0 = int(ns_all[:MERGE_ROW0, ENTRY][ns_all[:MERGE_ROW0, ENTRY] > 0].min())
+        print(f"{cfg.label()}: {parts} parts, {len(used)} working CTAs; graph replay median "
+              f"{statistics.median(times):.2f} us, last {times[-1]:.2f} us; us from the earliest entry (globaltimer)")
+        cols = (ENTRY,) + tuple(range(END + 1))
+        names = ("entry",) + EVENTS
+
+        def us(c, slot):
+            v = int(ns_all[c, slot])
+            return (v - t0) / 1e3 if v else float("nan")
+
+        print("   cta  " + " ".join(f"{e:>7}" for e in names))
+        step = max(1, len(used) // args.rows)
+        for c in used[::step][:args.rows]:
+            print(f"  {c:>4}  " + " ".join(f"{us(c, slot):7.2f}" for slot in cols))
+        print("  min / median / max over the working CTAs (CTAs with the event):")
+        for name, slot in zip(names, cols):
+            vals = sorted(us(c, slot) for c in used if int(ns_all[c, slot]))
+            if vals:
+                print(f"    {name:>6}: {vals[0]:7.2f} {statistics.median(vals):7.2f} {vals[-1]:7.2f}  ({len(vals)})")
+        per_tile = [(int(cyc_all[c, ST + k + 1]) - int(cyc_all[c, ST + k])) for c in used for k in range(TILES - 1)
+                    if int(ns_all[c, ST + k + 1])]
+        if per_tile:
+            print(f"  cycles between a CTA's consecutive tile issues: median {statistics.median(per_tile):.0f}, "
+                  f"min {min(per_tile)}, max {max(per_tile)}")
+        print(f"  last end {max(us(c, END) for c in used):.2f} us after the earliest entry", flush=True)
         mns = buf[0, MERGE_ROW0:MERGE_ROW0 + parts].cpu()
         went = [p for p in range(parts) if int(mns[p, M_GO])]
         entries = mns[:, M_ENTRY][mns[:, M_ENTRY] > 0]
