@@ -138,64 +138,63 @@ class MergeHooks:
 
 def timed_class(base: int, parent):
     """``parent`` (the entry's 2wg kernel class, narrow or 64-row) with the stamps of the module docstring,
-    writing to the buffer at ``base``."""
-    narrow = issubclass(parent, MLADecode2WGNarrow)
+    writing to the buffer at ``base``. (The overrides call ``parent``'s methods by name: the DSL rebuilds a
+    jit method from its source, where a zero-argument ``super()`` of a shared base class recursed.)"""
 
-    class Timed(parent):
-        @cute.jit
-        def make_pipelines(self, storage):
-            tidx, _, _ = cute.arch.thread_idx()
-            if tidx == 0:
-                _stamp(base, ENTRY)
-            return super().make_pipelines(storage)
+    @cute.jit
+    def make_pipelines(self, storage):
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            _stamp(base, ENTRY)
+        return parent.make_pipelines(self, storage)
 
-        @cute.jit
-        def work_list(self, mMeta):
-            res = super().work_list(mMeta)
-            tidx, _, _ = cute.arch.thread_idx()
-            if tidx == 0:
-                _stamp(base, START)
-            return res
+    @cute.jit
+    def work_list(self, mMeta):
+        res = parent.work_list(self, mMeta)
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            _stamp(base, START)
+        return res
 
-    if narrow:
-        class TimedNarrow(Timed):
-            @cute.jit
-            def issue_st(self, acc_t, tTrK, tTrQ, stage):
-                tidx, _, _ = cute.arch.thread_idx()
-                if tidx == 0:
-                    _stamp_counted(base, ST, TILES)
-                super().issue_st(acc_t, tTrK, tTrQ, stage)
+    @cute.jit
+    def issue_st(self, acc_t, tTrK, tTrQ, stage):
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            _stamp_counted(base, ST, TILES)
+        parent.issue_st(self, acc_t, tTrK, tTrQ, stage)
 
-            @cute.jit
-            def store_transposed(self, acc_mn, tOcO, col_inv, wg_tidx, kv_head, last, mDst, storage):
-                if wg_tidx == 0:
-                    _stamp(base, STORE)
-                super().store_transposed(acc_mn, tOcO, col_inv, wg_tidx, kv_head, last, mDst, storage)
-                if wg_tidx == 0:
-                    _stamp(base, END)
+    @cute.jit
+    def store_transposed(self, acc_mn, tOcO, col_inv, wg_tidx, kv_head, last, mDst, storage):
+        if wg_tidx == 0:
+            _stamp(base, STORE)
+        parent.store_transposed(self, acc_mn, tOcO, col_inv, wg_tidx, kv_head, last, mDst, storage)
+        if wg_tidx == 0:
+            _stamp(base, END)
 
-        return TimedNarrow
+    @cute.jit
+    def issue_qk(self, acc_s, tSrQ, tSrK, stage):
+        tidx, _, _ = cute.arch.thread_idx()
+        if tidx == 0:
+            _stamp_counted(base, ST, TILES)
+        parent.issue_qk(self, acc_s, tSrQ, tSrK, stage)
 
-    class TimedWide(Timed):
-        @cute.jit
-        def issue_qk(self, acc_s, tSrQ, tSrK, stage):
-            tidx, _, _ = cute.arch.thread_idx()
-            if tidx == 0:
-                _stamp_counted(base, ST, TILES)
-            super().issue_qk(acc_s, tSrQ, tSrK, stage)
+    @cute.jit
+    def store_chunk(self, acc, tiled_mma, wg_tidx, math_tidx, row_inv, row_lse, write_lse: cutlass.Constexpr[bool],
+                    col0: cutlass.Constexpr[int], m_block, kv_head, r, is_split, split_idx, mO, mLSE, mOaccum,
+                    mLSEaccum, storage):
+        if math_tidx == 0:
+            _stamp(base, STORE)
+        parent.store_chunk(self, acc, tiled_mma, wg_tidx, math_tidx, row_inv, row_lse, write_lse, col0, m_block,
+                           kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
+        if math_tidx == 0:
+            _stamp(base, END)
 
-        @cute.jit
-        def store_chunk(self, acc, tiled_mma, wg_tidx, math_tidx, row_inv, row_lse,
-                        write_lse: cutlass.Constexpr[bool], col0: cutlass.Constexpr[int], m_block, kv_head, r,
-                        is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage):
-            if math_tidx == 0:
-                _stamp(base, STORE)
-            super().store_chunk(acc, tiled_mma, wg_tidx, math_tidx, row_inv, row_lse, write_lse, col0, m_block,
-                                kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
-            if math_tidx == 0:
-                _stamp(base, END)
-
-    return TimedWide
+    hooks = dict(make_pipelines=make_pipelines, work_list=work_list)
+    if issubclass(parent, MLADecode2WGNarrow):
+        hooks.update(issue_st=issue_st, store_transposed=store_transposed)
+    else:
+        hooks.update(issue_qk=issue_qk, store_chunk=store_chunk)
+    return type("Timed", (parent,), hooks)
 
 
 def _attrs(specs) -> dict:
