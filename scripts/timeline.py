@@ -20,9 +20,10 @@ whose address is baked into the kernel):
 that many rows and each event's minimum / median / maximum over all working CTAs follows.
 
 And in the split-kv merge kernel (the same buffer, rows from ``MERGE_ROW0``; thread 0 of each CTA of grid
-row 0, through hooks on ``cute.arch.griddepcontrol_*`` while the entry is traced): ``m entry`` (its first
-line), ``m wait`` and ``m go`` (before and after its griddepcontrol.wait, which returns once the decode
-grid has completed and its writes are visible).
+row 0, through hooks on ``cute.arch.griddepcontrol_*`` and ``SplitMerge.merge_slot`` while the entry is
+traced): ``m entry`` (its first line), ``m wait`` and ``m go`` (before and after its griddepcontrol.wait,
+which returns once the decode grid has completed and its writes are visible), ``m end`` (its units merged
+and their stores issued).
 
 The graph of one decode (decode + merge, as the perf table times it) is replayed ``--replays`` times;
 the stamps of the last replay are printed per working CTA relative to the earliest ``start``, with the
@@ -88,7 +89,7 @@ def _stamp_counted(base: int, first_slot: int, n_slots: int):
 
 MAX_CTAS = 1024
 MERGE_ROW0 = 640  # merge CTA (part, 0) stamps into row MERGE_ROW0 + part
-M_ENTRY, M_WAIT, M_GO = 0, 1, 2
+M_ENTRY, M_WAIT, M_GO, M_END = 0, 1, 2, 3
 
 
 def _stamp_merge(base: int, slot: int):
@@ -130,9 +131,23 @@ class MergeHooks:
                 self.real[1]()
 
         cute.arch.griddepcontrol_launch_dependents, cute.arch.griddepcontrol_wait = launch_dependents, wait
+
+        # The merge CTA's end: after its merge_slot (the units it merged, their stores issued).
+        from split_k.merge_kernel import SplitMerge
+        self.real_slot = SplitMerge.merge_slot
+        real_slot, base = self.real_slot, self.base
+
+        def merge_slot(this, *args, **kwargs):
+            res = real_slot(this, *args, **kwargs)
+            _stamp_merge(base, M_END)
+            return res
+
+        SplitMerge.merge_slot = merge_slot
         return self
 
     def __exit__(self, *exc):
+        from split_k.merge_kernel import SplitMerge
+        SplitMerge.merge_slot = self.real_slot
         cute.arch.griddepcontrol_launch_dependents, cute.arch.griddepcontrol_wait = self.real
 
 
@@ -282,7 +297,11 @@ def main(argv=None) -> int:
                   f"{len(went)} CTAs waited (m wait, m go):")
             for p in went:
                 print(f"    part {p:>4}: entry {(int(mns[p, M_ENTRY]) - t0) / 1e3:6.2f}  wait "
-                      f"{(int(mns[p, M_WAIT]) - t0) / 1e3:6.2f}  go {(int(mns[p, M_GO]) - t0) / 1e3:6.2f}")
+                      f"{(int(mns[p, M_WAIT]) - t0) / 1e3:6.2f}  go {(int(mns[p, M_GO]) - t0) / 1e3:6.2f}  end "
+                      f"{(int(mns[p, M_END]) - t0) / 1e3:6.2f}")
+            ends = [int(mns[p, M_END]) for p in went if int(mns[p, M_END])]
+            if ends:
+                print(f"  merge: last end {(max(ends) - t0) / 1e3:.2f} us (row 0 CTAs that waited)")
     return 0
 
 
