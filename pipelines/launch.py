@@ -240,10 +240,7 @@ class DecodeEntry:
         self.decode = cls(cdt, c.num_heads_q, c.seqlen_q, c.page_size, c.causal, c.num_heads_k,
                           multicast=c.cluster > 1, split_cluster=c.split_cluster)
         self.partial_dtype = cutlass.Float32 if c.partial == "float32" else cdt
-        # The merge waits on the readiness counters where the decode kernel counts on them (split_k.ready):
-        # target = chunks x the decode CTAs of a part.
-        ready_ctas = self.decode.num_m_blocks * self.decode.h_kv if self.decode.signals_ready() else 0
-        self.merge = SplitMerge(cdt, c.num_heads_q, c.seqlen_q, self.partial_dtype, ready_ctas)
+        self.merge = SplitMerge(cdt, c.num_heads_q, c.seqlen_q, self.partial_dtype)
         self.decode.merger = self.merge  # used where the kernel merges in its grid (can_merge_in_grid)
 
     @cute.jit

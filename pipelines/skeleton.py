@@ -26,8 +26,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass._mlir.dialects import llvm
 
 from pipelines import layouts, paged_kv, softmax
-from split_k import grid_sync, merge_kernel, ready
-from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, END_REQ, GRID_COUNT_COLUMN, READY_COLUMN
+from split_k import grid_sync, merge_kernel
+from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, GRID_COUNT_COLUMN
 from split_k.planner import split_groups as split_groups_expr
 
 SPLIT_CLUSTERS = (1, 2, 4, 8)
@@ -92,12 +92,6 @@ class MLADecodeBase:
     # ``split_k.merge_kernel.SplitMerge`` whose ``merge_slot`` the CTAs run). A class constant.
     in_grid_merge = False
     merger = None
-    # Readiness counters (``split_k.ready``): once its stores are done, a CTA counts itself on a counter
-    # of each split request it holds a chunk of, and the merge kernel's CTAs wait on their request's
-    # counter instead of the whole grid's completion (griddepcontrol.wait), so a request's merge starts
-    # when its own chunks are stored. ``DecodeEntry`` builds the merge kernel to match. A class constant
-    # (an A/B sets it False: the merge waits for the grid).
-    ready_counters = True
     # Rows of Q's shared-memory tile and TMA box: one wgmma M. A variant that serves fewer query rows
     # per CTA (the narrow 2wg kernel, 16 or 32) loads and keeps only those, which frees shared memory.
     q_tile_rows = BLOCK_M
@@ -356,35 +350,6 @@ class MLADecodeBase:
             if grid_merge != 0:
                 self.merge_in_grid(tidx, m_block, part, kv_head, mMeta, mNumSplits, storage, merge_y, mMergeO,
                                    mMergeLSE, mMergeOaccum, mMergeLSEaccum)
-            elif const_expr(self.signals_ready()):
-                self.signal_ready(tidx, part, mMeta, mNumSplits)
-        elif const_expr(self.signals_ready()):
-            self.signal_ready(tidx, part, mMeta, mNumSplits)
-
-    def signals_ready(self) -> bool:
-        """Whether the CTAs count their split chunks on the readiness counters the merge kernel waits on
-        (``ready_counters``; not with a split cluster, whose parts the counters' placement does not fit)."""
-        return self.ready_counters and self.split_cluster == 1
-
-    @cute.jit
-    def signal_ready(self, tidx: Int32, part: Int32, mMeta: cute.Tensor, mNumSplits: cute.Tensor):
-        """After every store of the CTA: count it on the readiness counter (``split_k.ready``) of each split
-        request it holds a chunk of, so the merge CTAs of that request start without waiting for the rest
-        of the grid. Only the part's first and last requests can be split (the ones between are whole)."""
-        cute.arch.sync_threads()  # every thread's stores, then thread 0's release (cumulative)
-        if tidx == 0:
-            begin_req = mMeta[part, BEGIN_REQ]
-            end_req = mMeta[part, END_REQ]
-            begin_split = mMeta[part, BEGIN_SPLIT]
-            if begin_req <= end_req:
-                n_first = mNumSplits[begin_req + 1] - mNumSplits[begin_req]
-                n_last = mNumSplits[end_req + 1] - mNumSplits[end_req]
-                if n_first > 1:
-                    row = ready.counter_part(part, begin_split)
-                    ready.arrive((mMeta.iterator + cute.crd2idx((row, READY_COLUMN), mMeta.layout)).toint())
-                if end_req > begin_req:
-                    if n_last > 1:  # its chunk 0 ends this part
-                        ready.arrive((mMeta.iterator + cute.crd2idx((part + 1, READY_COLUMN), mMeta.layout)).toint())
 
     @cute.jit
     def merge_in_grid(self, tidx: Int32, m_block: Int32, part: Int32, kv_head: Int32, mMeta: cute.Tensor,
@@ -423,8 +388,7 @@ class MLADecodeBase:
             sAcc, sM, sS = merge_kernel.smem_views(cute.recast_ptr(storage.sP.data_ptr(), dtype=Float32))
             for y in cutlass.range(first_y, merge_y, nx * nz, unroll=1):
                 self.merger.merge_slot(r, begin_split, y, merge_y, warp, tidx % 32, sAcc, sM, sS, mMergeOaccum,
-                                       mMergeLSEaccum, mNumSplits, mMergeO, mMergeLSE, self.merger.max_loads, False,
-                                       mMeta, part)
+                                       mMergeLSEaccum, mNumSplits, mMergeO, mMergeLSE, self.merger.max_loads, False)
 
     def make_pipelines(self, storage):
         """Q (``make_q_pipeline``) and K: ``kv_stages`` stages built by the loader; consumers = every

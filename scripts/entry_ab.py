@@ -47,7 +47,6 @@ MODES = {
     "2wg-no-short": ("2wg", dict(l2_prefetch_chunk_tiles=0), True),  # short chunks not prefetched
     "2wg-short-after-first": ("2wg", dict(short_prefetch_when=1), True),  # short chunk's prefetches at WG1's first P.V
     "2wg-short-after-second": ("2wg", dict(short_prefetch_when=2), True),  # ... once the second tile has landed
-    "2wg-grid-wait": ("2wg", dict(ready_counters=False), True),  # merge waits for the whole decode grid
     "2wg-l2-short6": ("2wg", dict(l2_prefetch_chunk_tiles=6), True),  # chunks <= 6 tiles into L2
     "2wg-l2-short16": ("2wg", dict(l2_prefetch_chunk_tiles=16), True),
     "2wg-evict-first": ("2wg", dict(kv_l2_hint="evict_first"), True),

@@ -7,19 +7,17 @@ For each config one ``MLADecoder`` is planned as usual; then the decode kernel i
 behind entries that differ only in what follows it, and each is captured in its own graph:
 
 - ``merge``: the library's entry with ``grid_merge`` 0 (decode, then the merge kernel chained by
-  programmatic dependent launch, its CTAs waiting on the readiness counters, ``split_k.ready``);
-- ``merge-wait``: the same merge kernel waiting for the whole decode grid (``griddepcontrol.wait``,
-  the decode counting nothing), as before the counters;
+  programmatic dependent launch);
 - ``grid``: the library's entry with ``grid_merge`` 1 (the decode merges in its own grid, launched
   cooperatively: no merge kernel; the variant must support it, ``pipelines.GRID_MERGE_VARIANTS``);
-- ``merge-nopdl``: ``merge-wait``'s merge launched plainly (it starts after the decode grid ends);
+- ``merge-nopdl``: the same merge kernel launched plainly (it starts after the decode grid ends);
 - ``none``: the decode kernel alone (the output of split requests is left unmerged: timing only);
 - ``wait``: an empty grid of ``num_parts`` CTAs launched with PDL whose CTAs only execute
   ``griddepcontrol.wait``: the floor of any second kernel that reads the decode's results;
 - ``exit``: the same grid with PDL but CTAs that return at once (a second stage whose CTAs all find
   nothing to do);
-- ``merge-l8``: ``merge-wait`` with 8 splits per warp and round instead of 16 (16-bit partials);
-- ``merge-y2``: ``merge-wait`` with twice the CTAs per slot;
+- ``merge-l8``: the merge with 8 splits per warp and round instead of 16 (16-bit partials);
+- ``merge-y2``: the merge with twice the CTAs per slot;
 - ``merge-old``: the merge kernel module at ``$MERGE_OLD`` (a file, e.g. from ``git show``), for A/B.
 
 ``merge - none`` is the merge stage's cost in a graph; ``wait - none`` the part of it that no merge
@@ -38,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 CONFIGS = ((64, 1, 1, 16, 1024), (64, 1, 1, 16, 16384), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096),
            (64, 128, 1, 128, 4096))
-MODES = ("merge", "merge-wait", "grid", "merge-nopdl", "merge-l8", "merge-y2", "merge-old", "none", "wait", "exit")
-DEFAULT_MODES = ("merge", "merge-wait", "grid", "merge-nopdl", "none", "wait", "exit")
+MODES = ("merge", "grid", "merge-nopdl", "merge-l8", "merge-y2", "merge-old", "none", "wait", "exit")
+DEFAULT_MODES = ("merge", "grid", "merge-nopdl", "none", "wait", "exit")
 
 
 import cutlass  # noqa: E402
@@ -87,10 +85,6 @@ class ModeEntry(DecodeEntry):
     def __init__(self, config, mode: str):
         super().__init__(config)
         self.mode = mode
-        # These entries' merges (if any) wait for the decode grid (griddepcontrol.wait): the decode must not
-        # count on the readiness counters, which only the library's merge ("merge") returns to 0.
-        self.decode.ready_counters = False
-        self.merge.ready_ctas = 0
         if mode == "merge-l8":
             self.merge.max_loads = LOADS_NARROW
         if mode == "merge-y2":
@@ -107,7 +101,7 @@ class ModeEntry(DecodeEntry):
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                     o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1), stream)
         max_tiles = self.merge_tiles(block_table)
-        if cutlass.const_expr(self.mode in ("merge-wait", "merge-l8", "merge-y2")):
+        if cutlass.const_expr(self.mode in ("merge-l8", "merge-y2")):
             self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, max_tiles, stream,
                        use_pdl=True)
         if cutlass.const_expr(self.mode == "merge-old"):  # a previous module: its own signature

@@ -21,9 +21,9 @@ that many rows and each event's minimum / median / maximum over all working CTAs
 
 And in the split-kv merge kernel (the same buffer, rows from ``MERGE_ROW0``; thread 0 of each CTA of grid
 row 0, through hooks on ``cute.arch.griddepcontrol_*`` and ``SplitMerge.merge_slot`` while the entry is
-traced): ``m entry`` (its first line), ``m wait`` and ``m go`` (before and after its wait: on its
-request's readiness counter, ``split_k.ready``, or griddepcontrol.wait, which returns once the decode grid
-has completed and its writes are visible), ``m end`` (its units merged and their stores issued).
+traced): ``m entry`` (its first line), ``m wait`` and ``m go`` (before and after its griddepcontrol.wait,
+which returns once the decode grid has completed and its writes are visible), ``m end`` (its units merged
+and their stores issued).
 
 The graph of one decode (decode + merge, as the perf table times it) is replayed ``--replays`` times;
 the stamps of the last replay are printed per working CTA relative to the earliest ``start``, with the
@@ -143,24 +143,11 @@ class MergeHooks:
             return res
 
         SplitMerge.merge_slot = merge_slot
-        # A merge CTA with work waits on its request's readiness counter instead (split_k.ready).
-        from split_k import ready
-        self.real_ready_wait = ready.wait
-        real_ready_wait = ready.wait
-
-        def ready_wait(addr, target):
-            _stamp_merge(base, M_WAIT)
-            real_ready_wait(addr, target)
-            _stamp_merge(base, M_GO)
-
-        ready.wait = ready_wait
         return self
 
     def __exit__(self, *exc):
-        from split_k import ready
         from split_k.merge_kernel import SplitMerge
         SplitMerge.merge_slot = self.real_slot
-        ready.wait = self.real_ready_wait
         cute.arch.griddepcontrol_launch_dependents, cute.arch.griddepcontrol_wait = self.real
 
 

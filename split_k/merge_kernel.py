@@ -69,8 +69,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from split_k import ready
-from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, BELOW_TARGET, BLOCK_N, FIXED_COST, READY_COLUMN
+from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, BELOW_TARGET, BLOCK_N, FIXED_COST
 
 HEAD_DIM_V = 512
 THREADS = 256
@@ -198,11 +197,7 @@ def unit_assignment(metadata, num_splits, rows: int, max_loads: int = LOADS_WIDE
 
 
 class SplitMerge:
-    def __init__(self, dtype, num_heads: int, seqlen_q: int, partial_dtype=cutlass.Float32, ready_ctas: int = 0):
-        """``ready_ctas``: decode CTAs per plan part that count themselves on the split requests' readiness
-        counters (``split_k.ready``), which the merge CTAs then wait on; 0: the main kernel counts nothing
-        and the merge CTAs wait for its whole grid (``griddepcontrol.wait``)."""
-        self.ready_ctas = ready_ctas
+    def __init__(self, dtype, num_heads: int, seqlen_q: int, partial_dtype=cutlass.Float32):
         self.dtype = dtype
         self.partial_dtype = partial_dtype
         self.h_q = num_heads
@@ -313,7 +308,7 @@ class SplitMerge:
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
             sAcc, sM, sS = smem_views(storage.buf.data_ptr())
             self.merge_slot(r, begin_split, cta_y, grid_y, warp, lane, sAcc, sM, sS,
-                            mOaccum, mLSEaccum, mNumSplits, mO, mLSE, loads, True, mMeta, part)
+                            mOaccum, mLSEaccum, mNumSplits, mO, mLSE, loads, True)
         elif part == 0 and cta_y == 0:
             # One CTA waits even when it has nothing to merge, so that this grid completes only after
             # the main kernel has: what follows in the stream (the next decode's griddepcontrol.wait,
@@ -325,14 +320,12 @@ class SplitMerge:
     def merge_slot(self, r: Int32, begin_split: Int32, cta_y: Int32, grid_y: Int32, warp: Int32, lane: Int32,
                    sAcc: cute.Tensor, sM: cute.Tensor, sS: cute.Tensor, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor,
                    mNumSplits: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, loads: cutlass.Constexpr[int],
-                   pdl_wait: cutlass.Constexpr[bool], mMeta: cute.Tensor, part: Int32):
+                   pdl_wait: cutlass.Constexpr[bool]):
         """The merge work of grid cell ``(part, cta_y)`` of a ``[num_parts, grid_y]`` grid whose part
         begins chunk ``begin_split >= 1`` of request ``r`` (module docstring), by the CTA's 8 warps
         (``sAcc`` ``(CHUNK, WARPS)``, ``sM``/``sS`` ``WARPS`` fp32 in shared memory). ``mO``: out as
         ``[b, rows, 512]`` (``out_rows``). ``pdl_wait``: wait for the main kernel (griddepcontrol.wait)
-        before the first partial is read, or (``ready_ctas``) for the request's chunks alone on its
-        readiness counter in ``mMeta`` (``split_k.ready``; ``part``: this cell's plan row); the in-grid
-        merge has waited on the grid barrier instead."""
+        before the first partial is read; the in-grid merge has waited on the grid barrier instead."""
         rows = self.rows
         base = mNumSplits[r]
         n = mNumSplits[r + 1] - base
@@ -347,19 +340,7 @@ class SplitMerge:
         acc = cute.make_rmem_tensor(LANE_COLS, Float32)
 
         if const_expr(pdl_wait):
-            if const_expr(self.ready_ctas > 0):
-                # This request's chunks alone (split_k.ready): a CTA with a unit of it waits for its
-                # counter, and checks out so that the last one returns the word to 0.
-                if cta_y * slots + slot < units:
-                    addr = (mMeta.iterator + cute.crd2idx((part - slot, READY_COLUMN), mMeta.layout)).toint()
-                    target = n * Int32(self.ready_ctas)
-                    if warp * 32 + lane == 0:
-                        ready.wait(addr, target)
-                    cute.arch.sync_threads()  # thread 0's acquire, then every thread's reads of the partials
-                    if warp * 32 + lane == 0:
-                        ready.check_out(addr, target, cutlass.min(units, slots * grid_y))
-            else:
-                cute.arch.griddepcontrol_wait()  # partials and lse_accum come from the main kernel
+            cute.arch.griddepcontrol_wait()  # partials and lse_accum come from the main kernel
         for unit in cutlass.range(cta_y * slots + slot, units, grid_y * slots, unroll=1):
             rc = unit * per_unit + warp // groups  # this warp's row-chunk
             row = rc // CHUNKS

@@ -22,8 +22,7 @@ idx   name         meaning
 2     end_req      last request of the part (inclusive)
 3     end_block    one past the last KV tile of ``end_req`` (exclusive)
 4     begin_split  chunk index (within ``begin_req``) of the part's first chunk
-5-7   reserved     0 between decodes (column 5: split requests' readiness counters, split_k/ready.py;
-                   row 0's column 7: the in-grid merge's barrier word, 0 or 2^31 after a decode)
+5-7   reserved     0 (row 0's column 7: the in-grid merge's barrier word, 0 or 2^31 after a decode)
 ====  ===========  ==========================================================================
 
 A part processes requests ``begin_req..end_req``. For a request strictly inside the range the
@@ -121,10 +120,6 @@ METADATA_WIDTH = 8
 
 # Field indices of a tile_scheduler_metadata row.
 BEGIN_REQ, BEGIN_BLOCK, END_REQ, END_BLOCK, BEGIN_SPLIT = range(5)
-READY_COLUMN = 5
-"""Reserved column holding, on the row of the part that begins a split request's chunk 1, the merge's
-readiness counter of that request (``split_k.ready``): the planners write 0; a decode counts its chunks'
-CTAs up and its merge returns it to 0."""
 GRID_COUNT_COLUMN = 7
 """Reserved column whose row-0 word the in-grid merge's barrier counts on (``split_k.grid_sync``): the
 planners write 0 there; each decode with the in-grid merge adds 2^31 (its low 31 bits stay 0)."""
