@@ -27,6 +27,32 @@ CONFIGS = ((64, 128, 1, 128, 4096), (64, 128, 2, 128, 4096), (64, 128, 1, 128, 1
            (64, 128, 1, 16, 4096), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096))
 
 
+def _env(v: str) -> dict:
+    """``variant@NAME=VALUE,...``: the environment settings a variant runs under (while it is planned,
+    captured and run), e.g. ``2wg@MLA_SPLIT_CLUSTER=2``."""
+    _, _, spec = v.partition("@")
+    return dict(kv.split("=", 1) for kv in spec.split(",") if kv)
+
+
+class _Env:
+    def __init__(self, settings: dict):
+        self.settings, self.saved = settings, {}
+
+    def __enter__(self):
+        import os
+        for k, val in self.settings.items():
+            self.saved[k] = os.environ.get(k)
+            os.environ[k] = val
+
+    def __exit__(self, *exc):
+        import os
+        for k, val in self.saved.items():
+            if val is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = val
+
+
 def measure(cfg, variants, replays: int, passes: int) -> dict:
     import torch
 
@@ -34,23 +60,26 @@ def measure(cfg, variants, replays: int, passes: int) -> dict:
     from perf_table import bench, runner
 
     inp = bench.make_inputs(cfg, device="cuda", seed=0)
-    fns = {v: bench.make_decode_fn(mla, v, cfg, inp) for v in variants}
-    graphs = {v: bench.capture_graph(fn) for v, fn in fns.items()}
+    graphs = {}
+    for v in variants:
+        with _Env(_env(v)):
+            graphs[v] = bench.capture_graph(bench.make_decode_fn(mla, v.partition("@")[0], cfg, inp))
     # The outputs: one eager run of each variant into a fresh tensor.
     ref = None
     diffs = {}
     for v in variants:
-        dec = mla.MLADecoder(pipeline=v)
-        dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1, page_size=cfg.page_size,
-                 dtype=inp.q.dtype, causal=cfg.causal)
-        o = torch.empty(cfg.b, cfg.s_q, cfg.h_q, 512, dtype=inp.q.dtype, device="cuda")
-        dec.run(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, out=o)
-        torch.cuda.synchronize()
-        if not bool(torch.isfinite(o).all()):
-            raise SystemExit(f"{cfg.label()}: {v} wrote non-finite values")
-        if ref is None:
-            ref = o
-        diffs[v] = float((o.float() - ref.float()).abs().max())
+        with _Env(_env(v)):
+            dec = mla.MLADecoder(pipeline=v.partition("@")[0])
+            dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1, page_size=cfg.page_size,
+                     dtype=inp.q.dtype, causal=cfg.causal)
+            o = torch.empty(cfg.b, cfg.s_q, cfg.h_q, 512, dtype=inp.q.dtype, device="cuda")
+            dec.run(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, out=o)
+            torch.cuda.synchronize()
+            if not bool(torch.isfinite(o).all()):
+                raise SystemExit(f"{cfg.label()}: {v} wrote non-finite values")
+            if ref is None:
+                ref = o
+            diffs[v] = float((o.float() - ref.float()).abs().max())
     rows = []
     for p in range(passes):
         samples = bench.time_graphs_interleaved(graphs, replays=replays)
@@ -68,7 +97,8 @@ def measure(cfg, variants, replays: int, passes: int) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen")
-    ap.add_argument("--variant", action="append", default=[])
+    ap.add_argument("--variant", action="append", default=[],
+                    help="a pipeline, optionally with settings: 2wg@MLA_SPLIT_CLUSTER=2")
     ap.add_argument("--replays", type=int, default=300)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--json")
