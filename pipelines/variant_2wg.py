@@ -69,16 +69,6 @@ class MLADecode2WG(MLADecodeBase):
     # 4096, 0.98-0.99 at b32 1024 keys and b1 s2 h128 4096, 0.98-1.003 on the 13 other configs measured.
     # 0: off. A class constant (the kernel cache keys on the sources).
     l2_prefetch_chunk_tiles = 8
-    # When those prefetches go out: 0 with the chunk's first loads (``load_head_tiles``); 1 after WG1's
-    # first P.V issue of the chunk (the first tile has landed and been scored); 2 there too, but only once
-    # the second tile has landed as well (the producer warp waits on its full barrier while its P.V runs).
-    # Experiment (twenty-first session): whether the order in which HBM serves a latency row's tiles
-    # across CTAs (every CTA's second tile came near the end of the transfer in the seventeenth
-    # session's timeline) is set by the prefetches issued beside the stage loads.
-    short_prefetch_when = 0
-    # With short_prefetch_when 3: chunks of at most this many tiles prefetch after WG1's first P.V (as 1),
-    # longer short chunks with their first loads (as 0).
-    short_prefetch_late_tiles = 4
     # A chunk's first loads: Q's TMA and the first tiles' page ids on the plan row alone, before the
     # request's length is back (``load_chunk_head``). A class constant like prefetch_next_chunk (an A/B
     # sets it False: the length first, as before).
@@ -311,21 +301,6 @@ class MLADecode2WG(MLADecodeBase):
                 if valid < BLOCK_N:
                     self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
                 self.issue_pv(acc_o, tOrP, tOrV, k_state.index)
-                if const_expr(self.prefetches_short_chunks() and self.short_prefetch_when > 0):
-                    # The short chunk's prefetches while this first P.V runs (``short_prefetch_when``).
-                    if blk == start:
-                        if is_k_producer:
-                            if const_expr(self.short_prefetch_when == 2):
-                                second = k_state.clone()
-                                second.advance()
-                                self.prefetch_short_chunk(tma_k, mK, sK, mBlockTable, r, start, stop, seqlen,
-                                                          kv_head, wg_tidx, pipe_k, second)
-                            elif const_expr(self.short_prefetch_when == 3):
-                                self.prefetch_short_chunk(tma_k, mK, sK, mBlockTable, r, start, stop, seqlen,
-                                                          kv_head, wg_tidx, at_most=self.short_prefetch_late_tiles)
-                            else:
-                                self.prefetch_short_chunk(tma_k, mK, sK, mBlockTable, r, start, stop, seqlen,
-                                                          kv_head, wg_tidx)
                 warpgroup.wait_group(0)
                 cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
                 self.loader.consumer_release(pipe_k, k_state)
@@ -415,10 +390,22 @@ class MLADecode2WG(MLADecodeBase):
                                       self.split_cluster, unroll=1):
                 self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx)
                 k_prod.advance()
-        if const_expr(self.prefetches_short_chunks() and self.short_prefetch_when in (0, 3)):
-            self.prefetch_short_chunk(tma_k, mK, sK, mBlockTable, r, start, stop, seqlen, kv_head, wg_tidx,
-                                      longer_than=self.short_prefetch_late_tiles if self.short_prefetch_when == 3
-                                      else self.kv_stages)
+        if const_expr(self.prefetches_short_chunks()):
+            # Every tile after the first kv_stages, if the chunk is short and has any: the page ids
+            # first (``page_id`` clamps to the request's last page, so all are safe to read once the
+            # request has a tile past the first kv_stages; a zero-length request has no page, so the
+            # chunk must not be empty), then the prefetches.
+            rest0 = start + self.kv_stages * self.split_cluster
+            if stop > rest0 and stop - start <= self.l2_prefetch_chunk_tiles * self.split_cluster:
+                n_rest = self.l2_prefetch_chunk_tiles - self.kv_stages
+                pages = cute.make_rmem_tensor(n_rest, Int32)
+                for d in cutlass.range_constexpr(n_rest):
+                    pages[d] = self.loader.page_id(mBlockTable, r, rest0 + d * self.split_cluster, seqlen,
+                                                   wg_tidx)
+                for d in cutlass.range_constexpr(n_rest):
+                    if rest0 + d * self.split_cluster < stop:
+                        self.loader.prefetch_tile(tma_k, mK, sK, rest0 + d * self.split_cluster, kv_head,
+                                                  pages[d], wg_tidx)
         if const_expr(self.prefetches_l2()):
             # The tiles after the first kv_stages up to the distance; the tile loop prefetches the rest.
             for d in cutlass.range_constexpr(self.l2_prefetch_ahead):
@@ -427,29 +414,6 @@ class MLADecode2WG(MLADecodeBase):
                     page = self.loader.page_id(mBlockTable, r, ahead, seqlen, wg_tidx)
                     self.loader.prefetch_tile(tma_k, mK, sK, ahead, kv_head, page, wg_tidx)
         return k_prod
-
-    @cute.jit
-    def prefetch_short_chunk(self, tma_k, mK, sK, mBlockTable, r, start, stop, seqlen, kv_head, wg_tidx,
-                             pipe_k=None, wait_state=None, longer_than: cutlass.Constexpr[int] = 2,
-                             at_most: cutlass.Constexpr[int] = 0):
-        """A K producer warp's L2 prefetches of every tile of a short chunk after its first kv_stages, if
-        it has any: the page ids first (``page_id`` clamps to the request's last page, so all are safe to
-        read once the request has a tile past the first kv_stages; a zero-length request has no page, so
-        the chunk must not be empty), then (with ``wait_state``, after that stage's tile has landed) the
-        prefetches."""
-        rest0 = start + self.kv_stages * self.split_cluster
-        most = at_most if const_expr(at_most > 0) else self.l2_prefetch_chunk_tiles
-        if stop > start + longer_than * self.split_cluster and stop - start <= most * self.split_cluster:
-            n_rest = self.l2_prefetch_chunk_tiles - self.kv_stages
-            pages = cute.make_rmem_tensor(n_rest, Int32)
-            for d in cutlass.range_constexpr(n_rest):
-                pages[d] = self.loader.page_id(mBlockTable, r, rest0 + d * self.split_cluster, seqlen, wg_tidx)
-            if const_expr(wait_state is not None):
-                self.loader.consumer_wait(pipe_k, wait_state)
-            for d in cutlass.range_constexpr(n_rest):
-                if rest0 + d * self.split_cluster < stop:
-                    self.loader.prefetch_tile(tma_k, mK, sK, rest0 + d * self.split_cluster, kv_head, pages[d],
-                                              wg_tidx)
 
     @cute.jit
     def next_page_early(self, is_k_producer, mBlockTable, r, blk, seqlen, wg_tidx) -> Int32:

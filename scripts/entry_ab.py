@@ -45,9 +45,6 @@ MODES = {
     "2wg-no-hint": ("2wg", dict(kv_l2_hint=None), True),
     "2wg-l2-prefetch": ("2wg", dict(l2_prefetch_ahead=2), True),  # K tiles into L2 two ahead (64-row kernel)
     "2wg-no-short": ("2wg", dict(l2_prefetch_chunk_tiles=0), True),  # short chunks not prefetched
-    "2wg-short-after-first": ("2wg", dict(short_prefetch_when=1), True),  # short chunk's prefetches at WG1's first P.V
-    "2wg-short-after-first4": ("2wg", dict(short_prefetch_when=3), True),  # after the first P.V for chunks <= 4 tiles
-    "2wg-short-after-second": ("2wg", dict(short_prefetch_when=2), True),  # ... once the second tile has landed
     "2wg-l2-short6": ("2wg", dict(l2_prefetch_chunk_tiles=6), True),  # chunks <= 6 tiles into L2
     "2wg-l2-short16": ("2wg", dict(l2_prefetch_chunk_tiles=16), True),
     "2wg-evict-first": ("2wg", dict(kv_l2_hint="evict_first"), True),
