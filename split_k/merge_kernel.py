@@ -27,10 +27,11 @@ what the split planner's cost model gives a batch of ``b`` requests that all fil
 or, for requests longer than ``target``, ``ceil(T / t)`` with the first of ``t = target - 2, target - 1`` (at
 least 1) whose ``b * ceil(T / t)`` chunks fit ``num_parts`` (the aligned plan's sizes under target)
 (``estimated_chunks``; ``max(num_parts // b, 2)`` when the capacity is not given). ``L`` is 16 with
-16-bit partials when ``n_est > 8`` and 8 otherwise (and always 8 for fp32 partials, whose loads are
+16-bit partials when ``n_est > 16`` (``WIDE_ABOVE``) and 8 otherwise (and always 8 for fp32 partials, whose loads are
 twice as wide): two compiled kernels, because 16 loads in flight take 98 registers (2 CTAs per SM)
 and 8 take 62 (4 per SM): where requests have at most 8 chunks both take one round, and the narrow
-kernel's occupancy wins (H200, b8 1024 keys: 0.8-1.0 us of 14-16). ``Y`` is the units per slot,
+kernel's occupancy wins (H200, b8 1024 keys: 0.8-1.0 us of 14-16); at 9-16 chunks its two warps per
+row-chunk are still as fast (``WIDE_ABOVE``). ``Y`` is the units per slot,
 ``ceil(units(n_est) / (n_est - 1))``; skewed plans only make some CTAs loop more, and idle CTAs (but
 CTA (0, 0)) return without waiting for the main kernel. The choice depends on shapes only (b, num_parts, the block
 table's width), so a captured graph keeps it.
@@ -82,6 +83,11 @@ CHUNKS = HEAD_DIM_V // CHUNK  # 4
 # 16-bit partials when requests have few chunks; see ``kernel_loads``).
 LOADS_WIDE = 16
 LOADS_NARROW = 8
+WIDE_ABOVE = 16
+"""``n_est`` above which 16-bit partials take the wide kernel (``kernel_loads``). At 9-16 chunks the narrow
+kernel (``G = 2`` warps per row-chunk, 62 registers, 4 CTAs per SM) was as fast or faster on an H200 (paired
+graph replays, docs/perf-notes.md, twenty-first session: b1 s1 h16 1024 x0.982, b8 s2 h32 1024 x0.99, b8 s1
+h64 4096 x0.996); at 128 chunks (b1 s1 h16 16384) the wide one is 6% faster."""
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
@@ -131,8 +137,8 @@ def estimated_chunks(batch_size: int, num_parts: int, max_tiles: int | None = No
 
 
 def kernel_loads(batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE, max_tiles: int | None = None) -> int:
-    """``L`` of the kernel a launch runs: ``max_loads`` when ``n_est`` is above 8, else 8."""
-    return max_loads if estimated_chunks(batch_size, num_parts, max_tiles) > LOADS_NARROW else LOADS_NARROW
+    """``L`` of the kernel a launch runs: ``max_loads`` when ``n_est`` is above ``WIDE_ABOVE``, else 8."""
+    return max_loads if estimated_chunks(batch_size, num_parts, max_tiles) > WIDE_ABOVE else LOADS_NARROW
 
 
 def split_groups(n: int, loads: int = LOADS_WIDE) -> int:
@@ -220,11 +226,11 @@ class SplitMerge:
         mO = self.out_rows(mO)
         n_est = self.n_est(max_tiles, batch, num_parts)
         # Two kernels with 16-bit partials, chosen per launch from the shapes (so a graph keeps its
-        # choice): 16 splits per warp and round where requests have many chunks (one round where 8
-        # took two, and fewer units per slot), 8 where they have few (62 registers instead of 98:
+        # choice): 16 splits per warp and round where requests have many chunks (more than WIDE_ABOVE:
+        # fewer rounds and units per slot), 8 where they have fewer (62 registers instead of 98:
         # 4 CTAs per SM instead of 2 for the big grids of large batches). See ``kernel_loads``.
         if cutlass.const_expr(self.max_loads > LOADS_NARROW):
-            if n_est > LOADS_NARROW:
+            if n_est > WIDE_ABOVE:
                 self.launch(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl, n_est, self.max_loads)
             else:
                 self.launch(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl, n_est,

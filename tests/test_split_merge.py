@@ -193,9 +193,10 @@ def test_merge_kernel_units_cover_every_split_row_once(seed):
 
 def test_merge_estimate_follows_the_planner_on_uniform_batches():
     """``estimated_chunks`` with the block table's capacity (what the merge sizes for and picks its
-    loads per round from) lands on the same side of the 8-chunk threshold as the planner's real chunk
-    count for batches of requests that fill the table; the estimate without the capacity did not at
-    b8 with 512 keys (16 estimated, 8 planned)."""
+    loads per round from) lands on the same side of the 8- and 16-chunk thresholds (``LOADS_NARROW``,
+    ``WIDE_ABOVE``: which kernel, how many warps per row-chunk) as the planner's real chunk count for
+    batches of requests that fill the table; the estimate without the capacity did not at b8 with 512
+    keys (16 estimated, 8 planned)."""
     from split_k import merge_kernel, planner
     for b in (1, 2, 3, 5, 8, 16, 32, 64, 128):
         for seqlen in (64, 512, 1024, 2048, 3000, 4096, 8192, 16384, 32768):
@@ -203,11 +204,14 @@ def test_merge_estimate_follows_the_planner_on_uniform_batches():
                 _, splits = planner.plan([seqlen] * b, num_parts)
                 planned = max(int(splits[r + 1] - splits[r]) for r in range(b))
                 est = merge_kernel.estimated_chunks(b, num_parts, merge_kernel.capacity_tiles(-(-seqlen // 64), 64))
-                assert (est > merge_kernel.LOADS_NARROW) == (planned > merge_kernel.LOADS_NARROW), (b, seqlen, num_parts)
+                for threshold in (merge_kernel.LOADS_NARROW, merge_kernel.WIDE_ABOVE):
+                    assert (est > threshold) == (planned > threshold), (b, seqlen, num_parts, threshold)
                 assert abs(est - max(planned, 2)) <= 2, (b, seqlen, num_parts, est, planned)
     assert merge_kernel.estimated_chunks(8, 132) == 16
     assert merge_kernel.estimated_chunks(8, 132, merge_kernel.capacity_tiles(8, 64)) == 8
     assert merge_kernel.kernel_loads(8, 132, max_tiles=8) == merge_kernel.LOADS_NARROW
     # b8 with 1024 keys: target 2 tiles would make 8 chunks of 2; the aligned plan's 1-tile chunks make 16.
     assert merge_kernel.estimated_chunks(8, 132, merge_kernel.capacity_tiles(16, 64)) == 16
-    assert merge_kernel.kernel_loads(1, 132, max_tiles=16) == merge_kernel.LOADS_WIDE
+    # 16 chunks: the narrow kernel (WIDE_ABOVE); 128 (b1 with 16384 keys): the wide one.
+    assert merge_kernel.kernel_loads(1, 132, max_tiles=16) == merge_kernel.LOADS_NARROW
+    assert merge_kernel.kernel_loads(1, 132, max_tiles=256) == merge_kernel.LOADS_WIDE
