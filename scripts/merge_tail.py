@@ -17,6 +17,8 @@ behind entries that differ only in what follows it, and each is captured in its 
 - ``exit``: the same grid with PDL but CTAs that return at once (a second stage whose CTAs all find
   nothing to do);
 - ``merge-l8``: the merge with 8 splits per warp and round instead of 16 (16-bit partials);
+- ``merge-w8``: the merge with 16 splits per warp and round wherever ``n_est > 8`` (16-bit partials; the
+  rule before ``split_k.merge_kernel.WIDE_ABOVE``);
 - ``merge-y2``: the merge with twice the CTAs per slot;
 - ``merge-old``: the merge kernel module at ``$MERGE_OLD`` (a file, e.g. from ``git show``), for A/B.
 
@@ -36,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 CONFIGS = ((64, 1, 1, 16, 1024), (64, 1, 1, 16, 16384), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096),
            (64, 128, 1, 128, 4096))
-MODES = ("merge", "grid", "merge-nopdl", "merge-l8", "merge-y2", "merge-old", "none", "wait", "exit")
+MODES = ("merge", "grid", "merge-nopdl", "merge-l8", "merge-w8", "merge-y2", "merge-old", "none", "wait", "exit")
 DEFAULT_MODES = ("merge", "grid", "merge-nopdl", "none", "wait", "exit")
 
 
@@ -87,6 +89,8 @@ class ModeEntry(DecodeEntry):
         self.mode = mode
         if mode == "merge-l8":
             self.merge.max_loads = LOADS_NARROW
+        if mode == "merge-w8":
+            self.merge.wide_above = LOADS_NARROW  # the 16-load kernel above 8 estimated chunks (before WIDE_ABOVE)
         if mode == "merge-y2":
             self.merge = DoubleY(self.merge.dtype, self.merge.h_q, self.rows // self.merge.h_q, self.partial_dtype)
         if mode == "merge-old":
@@ -101,7 +105,7 @@ class ModeEntry(DecodeEntry):
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                     o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1), stream)
         max_tiles = self.merge_tiles(block_table)
-        if cutlass.const_expr(self.mode in ("merge-l8", "merge-y2")):
+        if cutlass.const_expr(self.mode in ("merge-l8", "merge-w8", "merge-y2")):
             self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, max_tiles, stream,
                        use_pdl=True)
         if cutlass.const_expr(self.mode == "merge-old"):  # a previous module: its own signature

@@ -203,6 +203,8 @@ def unit_assignment(metadata, num_splits, rows: int, max_loads: int = LOADS_WIDE
 
 
 class SplitMerge:
+    wide_above = WIDE_ABOVE  # a class constant (an A/B sets it on an instance: scripts/merge_tail.py)
+
     def __init__(self, dtype, num_heads: int, seqlen_q: int, partial_dtype=cutlass.Float32):
         self.dtype = dtype
         self.partial_dtype = partial_dtype
@@ -230,7 +232,7 @@ class SplitMerge:
         # fewer rounds and units per slot), 8 where they have fewer (62 registers instead of 98:
         # 4 CTAs per SM instead of 2 for the big grids of large batches). See ``kernel_loads``.
         if cutlass.const_expr(self.max_loads > LOADS_NARROW):
-            if n_est > WIDE_ABOVE:
+            if n_est > self.wide_above:
                 self.launch(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl, n_est, self.max_loads)
             else:
                 self.launch(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl, n_est,
