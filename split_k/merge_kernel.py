@@ -27,7 +27,8 @@ what the split planner's cost model gives a batch of ``b`` requests that all fil
 or, for requests longer than ``target``, ``ceil(T / t)`` with the first of ``t = target - 2, target - 1`` (at
 least 1) whose ``b * ceil(T / t)`` chunks fit ``num_parts`` (the aligned plan's sizes under target)
 (``estimated_chunks``; ``max(num_parts // b, 2)`` when the capacity is not given). ``L`` is 16 with
-16-bit partials when ``n_est > 16`` (``WIDE_ABOVE``) and 8 otherwise (and always 8 for fp32 partials, whose loads are
+16-bit partials when ``n_est > 16`` (``WIDE_ABOVE``; ``n_est > 8`` for requests of fewer than 64 rows) and 8
+otherwise (and always 8 for fp32 partials, whose loads are
 twice as wide): two compiled kernels, because 16 loads in flight take 98 registers (2 CTAs per SM)
 and 8 take 62 (4 per SM): where requests have at most 8 chunks both take one round, and the narrow
 kernel's occupancy wins (H200, b8 1024 keys: 0.8-1.0 us of 14-16); at 9-16 chunks its two warps per
@@ -84,10 +85,18 @@ CHUNKS = HEAD_DIM_V // CHUNK  # 4
 LOADS_WIDE = 16
 LOADS_NARROW = 8
 WIDE_ABOVE = 16
-"""``n_est`` above which 16-bit partials take the wide kernel (``kernel_loads``). At 9-16 chunks the narrow
-kernel (``G = 2`` warps per row-chunk, 62 registers, 4 CTAs per SM) was as fast or faster on an H200 (paired
-graph replays, docs/perf-notes.md, twenty-first session: b1 s1 h16 1024 x0.982, b8 s2 h32 1024 x0.99, b8 s1
-h64 4096 x0.996); at 128 chunks (b1 s1 h16 16384) the wide one is 6% faster."""
+"""``n_est`` above which 16-bit partials of requests with at least ``WIDE_ABOVE_ROWS`` rows take the wide
+kernel (``wide_above``); fewer rows keep it above ``LOADS_NARROW``. At 9-16 chunks of 64-128 rows the narrow
+kernel (``G = 2`` warps per row-chunk, 62 registers, 4 CTAs per SM) was 0.3-1.9% faster (graph replays
+interleaved in one process, two passes, an H200 and an H100: b8 s1 h64 1024, b8 s2 h32 1024, b8 s1 h64 4096,
+b1 s1 h64 1024; docs/perf-notes.md, twenty-first session); with 16-32 rows it was 1-8% slower (b8 s1 h16
+4096 x1.08, b8 s1 h16 1024 x1.06 on the H100), and at 128 chunks (b1 s1 h16 16384) 6% slower."""
+WIDE_ABOVE_ROWS = 64
+
+
+def wide_above(rows: int) -> int:
+    """``n_est`` above which the wide kernel runs, for requests of ``rows`` query rows (``WIDE_ABOVE``)."""
+    return WIDE_ABOVE if rows >= WIDE_ABOVE_ROWS else LOADS_NARROW
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
@@ -136,9 +145,11 @@ def estimated_chunks(batch_size: int, num_parts: int, max_tiles: int | None = No
     return max(n, 2)
 
 
-def kernel_loads(batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE, max_tiles: int | None = None) -> int:
-    """``L`` of the kernel a launch runs: ``max_loads`` when ``n_est`` is above ``WIDE_ABOVE``, else 8."""
-    return max_loads if estimated_chunks(batch_size, num_parts, max_tiles) > WIDE_ABOVE else LOADS_NARROW
+def kernel_loads(batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE, max_tiles: int | None = None,
+                 rows: int = WIDE_ABOVE_ROWS) -> int:
+    """``L`` of the kernel a launch runs for requests of ``rows`` rows: ``max_loads`` when ``n_est`` is above
+    ``wide_above(rows)``, else 8."""
+    return max_loads if estimated_chunks(batch_size, num_parts, max_tiles) > wide_above(rows) else LOADS_NARROW
 
 
 def split_groups(n: int, loads: int = LOADS_WIDE) -> int:
@@ -157,7 +168,7 @@ def grid_y(rows: int, batch_size: int, num_parts: int, max_loads: int = LOADS_WI
            max_tiles: int | None = None) -> int:
     """The grid's second extent (CTAs per slot), as the host code of ``SplitMerge`` computes it."""
     n = estimated_chunks(batch_size, num_parts, max_tiles)
-    loads = kernel_loads(batch_size, num_parts, max_loads, max_tiles)
+    loads = kernel_loads(batch_size, num_parts, max_loads, max_tiles, rows)
     return max(-(-units_per_request(rows, n, loads) // (n - 1)), 1)
 
 
@@ -179,7 +190,7 @@ def unit_assignment(metadata, num_splits, rows: int, max_loads: int = LOADS_WIDE
     meta = [list(map(int, m)) for m in (metadata.tolist() if hasattr(metadata, "tolist") else metadata)]
     splits = [int(x) for x in (num_splits.tolist() if hasattr(num_splits, "tolist") else num_splits)]
     y_ext = grid_y(rows, len(splits) - 1, len(meta), max_loads, max_tiles)
-    loads = kernel_loads(len(splits) - 1, len(meta), max_loads, max_tiles)
+    loads = kernel_loads(len(splits) - 1, len(meta), max_loads, max_tiles, rows)
     work = {}
     for part, m in enumerate(meta):
         if m[BEGIN_SPLIT] < 1:
@@ -203,13 +214,12 @@ def unit_assignment(metadata, num_splits, rows: int, max_loads: int = LOADS_WIDE
 
 
 class SplitMerge:
-    wide_above = WIDE_ABOVE  # a class constant (an A/B sets it on an instance: scripts/merge_tail.py)
-
     def __init__(self, dtype, num_heads: int, seqlen_q: int, partial_dtype=cutlass.Float32):
         self.dtype = dtype
         self.partial_dtype = partial_dtype
         self.h_q = num_heads
         self.rows = num_heads * seqlen_q
+        self.wide_above = wide_above(self.rows)  # an A/B sets another (scripts/merge_tail.py)
         self.max_loads = loads_in_flight(partial_dtype.width // 8)
 
     @cute.jit
@@ -228,8 +238,8 @@ class SplitMerge:
         mO = self.out_rows(mO)
         n_est = self.n_est(max_tiles, batch, num_parts)
         # Two kernels with 16-bit partials, chosen per launch from the shapes (so a graph keeps its
-        # choice): 16 splits per warp and round where requests have many chunks (more than WIDE_ABOVE:
-        # fewer rounds and units per slot), 8 where they have fewer (62 registers instead of 98:
+        # choice): 16 splits per warp and round where requests have many chunks (``wide_above``: fewer
+        # rounds and units per slot), 8 where they have fewer (62 registers instead of 98:
         # 4 CTAs per SM instead of 2 for the big grids of large batches). See ``kernel_loads``.
         if cutlass.const_expr(self.max_loads > LOADS_NARROW):
             if n_est > self.wide_above:
