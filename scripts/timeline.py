@@ -1,6 +1,6 @@
 """Where a short decode's time goes: per-CTA timestamps inside 2wg's kernels (diagnostic).
 
-    python scripts/timeline.py [--config 64,1,1,16,1024] [--replays 200] [--attr short_prefetch_when=2]
+    python scripts/timeline.py [--config 64,1,1,16,1024] [--replays 200] [--attr l2_prefetch_chunk_tiles=0]
 
 The library's decode entry for the config (2wg: at <= 32 rows per kv head its narrow kernel, else the
 64-row one) is compiled once more with a subclass that records, per CTA, ``%globaltimer`` (ns, comparable
@@ -172,10 +172,15 @@ def timed_class(base: int, parent):
         return res
 
     @cute.jit
-    def issue_st(self, acc_t, tTrK, tTrQ, stage):
+    def stamp_tile():
+        """Thread 0 (WG0, which issues every tile's first product): the CTA's next tile stamp."""
         tidx, _, _ = cute.arch.thread_idx()
         if tidx == 0:
             _stamp_counted(base, ST, TILES)
+
+    @cute.jit
+    def issue_st(self, acc_t, tTrK, tTrQ, stage):
+        stamp_tile()
         parent.issue_st(self, acc_t, tTrK, tTrQ, stage)
 
     @cute.jit
@@ -188,9 +193,7 @@ def timed_class(base: int, parent):
 
     @cute.jit
     def issue_qk(self, acc_s, tSrQ, tSrK, stage):
-        tidx, _, _ = cute.arch.thread_idx()
-        if tidx == 0:
-            _stamp_counted(base, ST, TILES)
+        stamp_tile()
         parent.issue_qk(self, acc_s, tSrQ, tSrK, stage)
 
     @cute.jit
