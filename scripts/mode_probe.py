@@ -86,26 +86,15 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=300)
     args = ap.parse_args(argv)
 
-    import torch
-
-    from perf_table import bench, grid
-    from pipelines.launch import compile_entry
-    from probe_setup import planned_entry
+    from perf_table import grid
+    from probe_setup import probe_graph, replay_us
 
     cfg = grid.Config(*(int(x) for x in args.config.split(",")))
-    inp, dec, config = planned_entry(cfg)
-    buf = torch.zeros(MAX_CTAS, SLOTS, dtype=torch.int64, device="cuda")
-    fn = compile_entry(config, kernel_class=timed_class(buf.data_ptr()))
-    graphs, _ = bench.capture_entries({"timed": fn}, inp, dec)
+    config, buf, graph = probe_graph(cfg, timed_class, (MAX_CTAS, SLOTS))
     records = []
     for _ in range(args.replays):
         buf.zero_()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graphs["timed"].replay()
-        end.record()
-        torch.cuda.synchronize()
-        records.append((start.elapsed_time(end) * 1e3, buf.cpu().clone()))
+        records.append((replay_us(graph), buf.cpu().clone()))
     times = sorted(t for t, _ in records)
     cut = times[len(times) // 2]
     lo = [t for t in times if t < 0.96 * cut]

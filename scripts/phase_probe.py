@@ -97,7 +97,7 @@ def probe_class(base: int):
     return Probed
 
 
-def report(label: str, buf, replay_us: float) -> None:
+def report(label: str, buf, last_us: float) -> None:
     rows = buf.double()
     sums, counts = rows[:, 0:2 * len(EVENTS):2], rows[:, 1:2 * len(EVENTS):2]
     used = counts[:, QK_ISSUE] > 0
@@ -112,7 +112,7 @@ def report(label: str, buf, replay_us: float) -> None:
 
     busy = mean[:, PV0_DONE] - mean[:, QK_ISSUE]
     period = ((rows[used, LAST] - rows[used, FIRST]) - busy) / (n - 1).clamp(min=1)
-    print(f"{label}: {int(used.sum())} CTAs, {float(n.mean()):.1f} tiles each (mean); replay {replay_us:.1f} us")
+    print(f"{label}: {int(used.sum())} CTAs, {float(n.mean()):.1f} tiles each (mean); replay {last_us:.1f} us")
     print(f"  tile period {float(period.mean()):.0f} cycles (median CTA {float(period.median()):.0f})")
     parts = [("QK (issue to retired)", QK_ISSUE, QK_DONE), ("softmax + bf16", QK_DONE, HAND),
              ("P hand-off (P_EMPTY wait, stores, fence, P_FULL)", HAND, HANDED),
@@ -132,30 +132,21 @@ def main(argv=None) -> int:
 
     import torch
 
-    from perf_table import bench, grid
-    from pipelines.launch import compile_entry
-    from probe_setup import planned_entry
+    from perf_table import grid
+    from probe_setup import probe_graph, replay_us
 
     print(torch.cuda.get_device_name(0), flush=True)
     for spec in args.config or ["64,128,1,128,4096"]:
         cfg = grid.Config(*(int(x) for x in spec.split(",")))
         if cfg.h_q * cfg.s_q <= 32:
             raise SystemExit(f"{cfg.label()}: the narrow kernel runs this shape; this probe is the 64-row kernel's")
-        inp, dec, config = planned_entry(cfg)
-        buf = torch.zeros(MAX_CTAS, SLOTS, dtype=torch.int64, device="cuda")
-        fn = compile_entry(config, kernel_class=probe_class(buf.data_ptr()))
-        graphs, _ = bench.capture_entries({"probe": fn}, inp, dec)
+        _, buf, graph = probe_graph(cfg, probe_class, (MAX_CTAS, SLOTS))
         times = []
         for i in range(args.replays):
             if i == args.replays - 1:
                 buf.zero_()
                 buf[:, FIRST] = torch.iinfo(torch.int64).max
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graphs["probe"].replay()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
+            times.append(replay_us(graph))
         report(f"{cfg.label()} (median replay {statistics.median(times):.1f} us)", buf.cpu(), times[-1])
     return 0
 

@@ -32,3 +32,31 @@ def planned_entry(cfg, variant: str = "2wg"):
     config = DecodeConfig.make(variant, shape.dtype, shape.h_q, shape.s_q, shape.page_size, shape.causal, 1,
                                paged_kv.multicast_enabled(), partial_from_env(), dec._info.split_cluster)
     return inp, dec, config
+
+
+def replay_us(graph) -> float:
+    """One replay of a captured CUDA graph, timed with CUDA events (us; synchronises)."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1e3
+
+
+def probe_graph(cfg, probe_class, buf_shape):
+    """``(config, buf, graph)``: ``cfg``'s planned entry (``planned_entry``) compiled with the kernel class
+    ``probe_class(buf address)`` writing into ``buf`` (int64 zeros of ``buf_shape`` on the GPU), captured in
+    one CUDA graph."""
+    import torch
+
+    from perf_table import bench
+    from pipelines.launch import compile_entry
+
+    inp, dec, config = planned_entry(cfg)
+    buf = torch.zeros(*buf_shape, dtype=torch.int64, device="cuda")
+    fn = compile_entry(config, kernel_class=probe_class(buf.data_ptr()))
+    graphs, _ = bench.capture_entries({"probe": fn}, inp, dec)
+    return config, buf, graphs["probe"]

@@ -238,7 +238,7 @@ def main(argv=None) -> int:
 
     from perf_table import bench, grid
     from pipelines.launch import _kernel_class, compile_entry
-    from probe_setup import planned_entry
+    from probe_setup import planned_entry, replay_us
 
     print(torch.cuda.get_device_name(0), flush=True)
     for spec in args.config or ["64,1,1,16,1024"]:
@@ -259,12 +259,7 @@ def main(argv=None) -> int:
             buf[:, :, COUNTER] = 0
             if i == args.replays - 1:
                 buf.zero_()  # the printed replay's stamps only (a 1-tile CTA writes no "t 2")
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            graphs["timed"].replay()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) * 1e3)
+            times.append(replay_us(graphs["timed"]))
         ns_all, cyc_all = buf[0].cpu(), buf[1].cpu()
         used = [c for c in range(MERGE_ROW0) if int(ns_all[c, STORE])]
         t0 = int(ns_all[:MERGE_ROW0, ENTRY][ns_all[:MERGE_ROW0, ENTRY] > 0].min())

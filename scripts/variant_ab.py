@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import statistics
 import sys
+from unittest import mock
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -27,30 +29,11 @@ CONFIGS = ((64, 128, 1, 128, 4096), (64, 128, 2, 128, 4096), (64, 128, 1, 128, 1
            (64, 128, 1, 16, 4096), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096))
 
 
-def _env(v: str) -> dict:
-    """``variant@NAME=VALUE,...``: the environment settings a variant runs under (while it is planned,
-    captured and run), e.g. ``2wg@MLA_SPLIT_CLUSTER=2``."""
-    _, _, spec = v.partition("@")
-    return dict(kv.split("=", 1) for kv in spec.split(",") if kv)
-
-
-class _Env:
-    def __init__(self, settings: dict):
-        self.settings, self.saved = settings, {}
-
-    def __enter__(self):
-        import os
-        for k, val in self.settings.items():
-            self.saved[k] = os.environ.get(k)
-            os.environ[k] = val
-
-    def __exit__(self, *exc):
-        import os
-        for k, val in self.saved.items():
-            if val is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = val
+def _parse(v: str) -> tuple[str, dict]:
+    """``pipeline@NAME=VALUE,...``: the pipeline and the environment settings it runs under (while it is
+    planned, captured and run), e.g. ``2wg@MLA_SPLIT_CLUSTER=2``."""
+    pipeline, _, spec = v.partition("@")
+    return pipeline, dict(kv.split("=", 1) for kv in spec.split(",") if kv)
 
 
 def measure(cfg, variants, replays: int, passes: int) -> dict:
@@ -60,16 +43,17 @@ def measure(cfg, variants, replays: int, passes: int) -> dict:
     from perf_table import bench, runner
 
     inp = bench.make_inputs(cfg, device="cuda", seed=0)
+    parsed = {v: _parse(v) for v in variants}
     graphs = {}
-    for v in variants:
-        with _Env(_env(v)):
-            graphs[v] = bench.capture_graph(bench.make_decode_fn(mla, v.partition("@")[0], cfg, inp))
+    for v, (pipeline, settings) in parsed.items():
+        with mock.patch.dict(os.environ, settings):
+            graphs[v] = bench.capture_graph(bench.make_decode_fn(mla, pipeline, cfg, inp))
     # The outputs: one eager run of each variant into a fresh tensor.
     ref = None
     diffs = {}
-    for v in variants:
-        with _Env(_env(v)):
-            dec = mla.MLADecoder(pipeline=v.partition("@")[0])
+    for v, (pipeline, settings) in parsed.items():
+        with mock.patch.dict(os.environ, settings):
+            dec = mla.MLADecoder(pipeline=pipeline)
             dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1, page_size=cfg.page_size,
                      dtype=inp.q.dtype, causal=cfg.causal)
             o = torch.empty(cfg.b, cfg.s_q, cfg.h_q, 512, dtype=inp.q.dtype, device="cuda")
