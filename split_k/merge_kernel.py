@@ -31,8 +31,8 @@ least 1) whose ``b * ceil(T / t)`` chunks fit ``num_parts`` (the aligned plan's 
 otherwise (and always 8 for fp32 partials, whose loads are
 twice as wide): two compiled kernels, because 16 loads in flight take 98 registers (2 CTAs per SM)
 and 8 take 62 (4 per SM): where requests have at most 8 chunks both take one round, and the narrow
-kernel's occupancy wins (H200, b8 1024 keys: 0.8-1.0 us of 14-16); at 9-16 chunks its two warps per
-row-chunk are still as fast (``WIDE_ABOVE``). ``Y`` is the units per slot,
+kernel's occupancy wins (H200, b8 1024 keys: 0.8-1.0 us of 14-16); at 9-16 chunks of requests of 64
+rows or more its two warps per row-chunk are still as fast or faster (``WIDE_ABOVE``). ``Y`` is the units per slot,
 ``ceil(units(n_est) / (n_est - 1))``; skewed plans only make some CTAs loop more, and idle CTAs (but
 CTA (0, 0)) return without waiting for the main kernel. The choice depends on shapes only (b, num_parts, the block
 table's width), so a captured graph keeps it.
@@ -92,11 +92,6 @@ interleaved in one process, two passes, an H200 and an H100: b8 s1 h64 1024, b8 
 b1 s1 h64 1024; docs/perf-notes.md, twenty-first session); with 16-32 rows it was 1-8% slower (b8 s1 h16
 4096 x1.08, b8 s1 h16 1024 x1.06 on the H100), and at 128 chunks (b1 s1 h16 16384) 6% slower."""
 WIDE_ABOVE_ROWS = 64
-
-
-def wide_above(rows: int) -> int:
-    """``n_est`` above which the wide kernel runs, for requests of ``rows`` query rows (``WIDE_ABOVE``)."""
-    return WIDE_ABOVE if rows >= WIDE_ABOVE_ROWS else LOADS_NARROW
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
@@ -145,8 +140,12 @@ def estimated_chunks(batch_size: int, num_parts: int, max_tiles: int | None = No
     return max(n, 2)
 
 
-def kernel_loads(batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE, max_tiles: int | None = None,
-                 rows: int = WIDE_ABOVE_ROWS) -> int:
+def wide_above(rows: int) -> int:
+    """``n_est`` above which the wide kernel runs, for requests of ``rows`` query rows (``WIDE_ABOVE``)."""
+    return WIDE_ABOVE if rows >= WIDE_ABOVE_ROWS else LOADS_NARROW
+
+
+def kernel_loads(batch_size: int, num_parts: int, max_loads: int, max_tiles: int | None, rows: int) -> int:
     """``L`` of the kernel a launch runs for requests of ``rows`` rows: ``max_loads`` when ``n_est`` is above
     ``wide_above(rows)``, else 8."""
     return max_loads if estimated_chunks(batch_size, num_parts, max_tiles) > wide_above(rows) else LOADS_NARROW

@@ -209,12 +209,12 @@ def test_merge_estimate_follows_the_planner_on_uniform_batches():
                 assert abs(est - max(planned, 2)) <= 2, (b, seqlen, num_parts, est, planned)
     assert merge_kernel.estimated_chunks(8, 132) == 16
     assert merge_kernel.estimated_chunks(8, 132, merge_kernel.capacity_tiles(8, 64)) == 8
-    assert merge_kernel.kernel_loads(8, 132, max_tiles=8) == merge_kernel.LOADS_NARROW
-    assert merge_kernel.kernel_loads(8, 132, max_tiles=8, rows=16) == merge_kernel.LOADS_NARROW
+    assert merge_kernel.kernel_loads(8, 132, merge_kernel.LOADS_WIDE, 8, rows=64) == merge_kernel.LOADS_NARROW
+    assert merge_kernel.kernel_loads(8, 132, merge_kernel.LOADS_WIDE, 8, rows=16) == merge_kernel.LOADS_NARROW
     # b8 with 1024 keys: target 2 tiles would make 8 chunks of 2; the aligned plan's 1-tile chunks make 16.
     assert merge_kernel.estimated_chunks(8, 132, merge_kernel.capacity_tiles(16, 64)) == 16
     # 16 chunks: the narrow kernel from 64 rows (WIDE_ABOVE), the wide one below; 128 (b1 with 16384
     # keys): the wide one.
-    assert merge_kernel.kernel_loads(1, 132, max_tiles=16, rows=64) == merge_kernel.LOADS_NARROW
-    assert merge_kernel.kernel_loads(1, 132, max_tiles=16, rows=32) == merge_kernel.LOADS_WIDE
-    assert merge_kernel.kernel_loads(1, 132, max_tiles=256, rows=128) == merge_kernel.LOADS_WIDE
+    assert merge_kernel.kernel_loads(1, 132, merge_kernel.LOADS_WIDE, 16, rows=64) == merge_kernel.LOADS_NARROW
+    assert merge_kernel.kernel_loads(1, 132, merge_kernel.LOADS_WIDE, 16, rows=32) == merge_kernel.LOADS_WIDE
+    assert merge_kernel.kernel_loads(1, 132, merge_kernel.LOADS_WIDE, 256, rows=128) == merge_kernel.LOADS_WIDE
