@@ -245,8 +245,11 @@ def main(argv=None) -> int:
         cfg = grid.Config(*(int(x) for x in spec.split(",")))
         inp, dec, config = planned_entry(cfg)
         parts = int(dec.tile_scheduler_metadata.shape[0])
-        if parts > MAX_CTAS:
-            raise SystemExit(f"{parts} plan parts: more than the buffer's {MAX_CTAS}")
+        # Decode CTA rows (part x m-blocks x kv heads, ``_cta``) must stay below the merge's rows.
+        ctas = parts * -(-config.rows // config.num_heads_k // 64) * config.num_heads_k
+        if ctas > MERGE_ROW0 or parts > MAX_CTAS - MERGE_ROW0:
+            raise SystemExit(f"{ctas} decode CTAs / {parts} plan parts: more than the buffer's "
+                             f"{MERGE_ROW0} / {MAX_CTAS - MERGE_ROW0} rows")
         buf = torch.zeros(2, MAX_CTAS, SLOTS, dtype=torch.int64, device="cuda")
         with MergeHooks(buf.data_ptr()) as hooks:
             parent = type("Probed", (_kernel_class("2wg", config),), _attrs(args.attr))
