@@ -3,6 +3,7 @@
     python scripts/timing_checks.py spread [--config 1,128,2,64,4096 ...] [--decoders 4] [--replays 300]
     python scripts/timing_checks.py parts  [--config 64,1,1,16,1024 ...] [--variant 2wg] [--replays 300]
     python scripts/timing_checks.py auto   [--config 64,128,1,128,4096 ...] [--per 0 1] [--passes 3] [--replays 100]
+    python scripts/timing_checks.py floor  [--config 64,1,1,128,16384 ...] [--replays 300] [--passes 2]
 
 ``spread``: how far apart one kernel's time lands when it is timed through several decoders. For
 each config it builds ``--decoders`` decoders of the variant ``pipeline="auto"`` resolves to, plus one
@@ -21,6 +22,11 @@ per graph per round; 0 = the runner's default rounds, 1 = graphs alternating rep
 every pass: auto / the faster variant by medians (the perf table's comparison) and the paired ratio
 (median over rounds of auto's replay / the same round's replay of the faster variant).
 
+``floor``: what a graph replay costs with next to no GPU work, beside the decode of each config: graphs
+of one and of two one-element torch kernels, timed interleaved with the config's decode graph (the
+library's default path) ``--passes`` times. The latency rows' bars are read against this floor: a
+replay of the decode is the floor plus the kernels' own span.
+
 ``--config`` is ``page,b,s_q,h_q,seqlen``; without it each check runs its default configs.
 """
 from __future__ import annotations
@@ -37,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 SPREAD_CONFIGS = ((1, 128, 2, 64, 4096), (1, 128, 1, 16, 4096), (64, 1, 2, 32, 16384), (16, 64, 2, 64, 4096))
 AUTO_CONFIGS = ((64, 128, 1, 128, 4096), (16, 64, 2, 128, 4096), (1, 32, 2, 32, 16384), (64, 1, 1, 16, 4096))
 PARTS_CONFIGS = ((64, 1, 1, 16, 1024), (64, 1, 1, 16, 16384), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096))
+FLOOR_CONFIGS = PARTS_CONFIGS
 
 
 def _medians(graphs: dict, replays: int) -> dict:
@@ -142,15 +149,35 @@ def auto_check(cfg, per_values, passes: int, replays: int) -> list[dict]:
     return rows
 
 
+def floor(cfg, passes: int, replays: int) -> list[dict]:
+    import torch
+
+    import mla
+    from perf_table import bench
+
+    inp = bench.make_inputs(cfg, device="cuda", seed=0)
+    x = torch.zeros(1, device="cuda")
+    fns = {"1 kernel": lambda: x.add_(1.0), "2 kernels": lambda: (x.add_(1.0), x.add_(1.0)),
+           "decode": bench.make_decode_fn(mla, "auto", cfg, inp)}
+    graphs = {name: bench.capture_graph(fn) for name, fn in fns.items()}
+    rows = []
+    for rep in range(passes):
+        med = _medians(graphs, replays)
+        rows.append(dict(config=cfg.label(), rep=rep, medians=med))
+        print(f"  {cfg.label():<24} pass {rep}: " + ", ".join(f"{k}: {v:.2f}" for k, v in med.items()))
+    del graphs
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("check", choices=("spread", "parts", "auto"))
+    ap.add_argument("check", choices=("spread", "parts", "auto", "floor"))
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen")
     ap.add_argument("--decoders", type=int, default=3)
     ap.add_argument("--variant", default="2wg")
     ap.add_argument("--replays", type=int, default=300)
     ap.add_argument("--per", type=int, nargs="+", default=[0, 1], help="auto: replays per graph per round (0: default)")
-    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--passes", type=int, default=3, help="auto, floor: passes")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
@@ -158,7 +185,7 @@ def main(argv=None) -> int:
 
     from perf_table import grid
 
-    default = {"spread": SPREAD_CONFIGS, "parts": PARTS_CONFIGS, "auto": AUTO_CONFIGS}[args.check]
+    default = {"spread": SPREAD_CONFIGS, "parts": PARTS_CONFIGS, "auto": AUTO_CONFIGS, "floor": FLOOR_CONFIGS}[args.check]
     configs = [grid.Config(*(int(x) for x in c.split(","))) for c in args.config] or [grid.Config(*c) for c in default]
     print(f"{torch.cuda.get_device_name(0)}; us = median of {args.replays} graph replays per graph")
     rows = []
@@ -167,6 +194,8 @@ def main(argv=None) -> int:
             rows += spread(cfg, args.decoders, args.replays)
         elif args.check == "auto":
             rows += auto_check(cfg, args.per, args.passes, args.replays)
+        elif args.check == "floor":
+            rows += floor(cfg, args.passes, args.replays)
         else:
             rows.append(parts(cfg, args.variant, args.replays))
     if args.json:
