@@ -98,12 +98,6 @@ class MLADecode2WG(MLADecodeBase):
     # Measured on an H200 (paired, twentieth session): 0.977-1.005, 14 of 16 readings at or below 1.0 on the
     # 64-row rows; outputs bit-identical. A class constant (an A/B sets it False).
     p_interleaved = True
-    # A CTA's first chunk head (experiment, default 0 = unchanged): 1 issues its second K tile only once
-    # the first has landed (the short-chunk L2 prefetches still at the head), 2 also the prefetches after
-    # that. Timelines on an H200 show a latency row's first tile landing about when every CTA's first two
-    # tiles have arrived (b8 s1 h64 4096: 4.2 us after the roles start, 18.9 MB requested; b1 s1 h128
-    # 16384: 2.1 us, 9.5 MB), while later tiles come at the math's pace. A class constant (an A/B sets it).
-    head_stagger = 0
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -383,30 +377,7 @@ class MLADecode2WG(MLADecodeBase):
                 own[s], first[s] = self.loader.head_page_ids(mBlockTable, r, head + s * self.split_cluster, wg_tidx)
         seqlen, _, start, stop, _, _ = self.chunk_bounds(r, begin_req, begin_block, end_req, end_block, begin_split,
                                                          mSeqlens, mNumSplits)
-        stagger = const_expr(early and self.head_stagger > 0 and self.split_cluster == 1 and self.kv_stages == 2)
-        if const_expr(stagger):
-            # The CTA's first chunk: tile 1 alone, (form 1: the prefetches,) then tile 2 once tile 1 has
-            # landed (a fresh consumer state: the pipeline's first fill, phase 0; the wait has no side
-            # effect). Later chunk heads (issued before the previous chunk's epilogue) as usual.
-            if start < stop:
-                page = self.loader.pick_head_page(own[0], first[0], start, seqlen, wg_tidx)
-                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, start, seqlen, kv_head,
-                                      wg_tidx, page=page)
-                k_prod.advance()
-            if const_expr(self.head_stagger == 1):
-                self.prefetch_short_chunk(tma_k, mK, sK, mBlockTable, r, start, stop, seqlen, kv_head, wg_tidx)
-            blk2 = start + self.split_cluster
-            if blk2 < stop:
-                if r == begin_req:
-                    first_fill = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
-                    self.loader.consumer_wait(pipe_k, first_fill)
-                page = self.loader.pick_head_page(own[1], first[1], blk2, seqlen, wg_tidx)
-                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk2, seqlen, kv_head,
-                                      wg_tidx, page=page)
-                k_prod.advance()
-            if const_expr(self.head_stagger == 2):
-                self.prefetch_short_chunk(tma_k, mK, sK, mBlockTable, r, start, stop, seqlen, kv_head, wg_tidx)
-        elif const_expr(early):
+        if const_expr(early):
             for s in cutlass.range_constexpr(self.kv_stages):
                 blk = start + s * self.split_cluster
                 if blk < stop:
@@ -419,21 +390,6 @@ class MLADecode2WG(MLADecodeBase):
                                       self.split_cluster, unroll=1):
                 self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx)
                 k_prod.advance()
-        if const_expr(not stagger):
-            self.prefetch_short_chunk(tma_k, mK, sK, mBlockTable, r, start, stop, seqlen, kv_head, wg_tidx)
-        if const_expr(self.prefetches_l2()):
-            # The tiles after the first kv_stages up to the distance; the tile loop prefetches the rest.
-            for d in cutlass.range_constexpr(self.l2_prefetch_ahead):
-                ahead = start + (self.kv_stages + d) * self.split_cluster
-                if ahead < stop:
-                    page = self.loader.page_id(mBlockTable, r, ahead, seqlen, wg_tidx)
-                    self.loader.prefetch_tile(tma_k, mK, sK, ahead, kv_head, page, wg_tidx)
-        return k_prod
-
-    @cute.jit
-    def prefetch_short_chunk(self, tma_k, mK, sK, mBlockTable, r, start, stop, seqlen, kv_head, wg_tidx):
-        """A K producer warp's L2 prefetches of a short chunk's tiles after the first kv_stages
-        (``l2_prefetch_chunk_tiles``; nothing where the chunk is longer or has no such tile)."""
         if const_expr(self.prefetches_short_chunks()):
             # Every tile after the first kv_stages, if the chunk is short and has any: the page ids
             # first (``page_id`` clamps to the request's last page, so all are safe to read once the
@@ -450,6 +406,14 @@ class MLADecode2WG(MLADecodeBase):
                     if rest0 + d * self.split_cluster < stop:
                         self.loader.prefetch_tile(tma_k, mK, sK, rest0 + d * self.split_cluster, kv_head,
                                                   pages[d], wg_tidx)
+        if const_expr(self.prefetches_l2()):
+            # The tiles after the first kv_stages up to the distance; the tile loop prefetches the rest.
+            for d in cutlass.range_constexpr(self.l2_prefetch_ahead):
+                ahead = start + (self.kv_stages + d) * self.split_cluster
+                if ahead < stop:
+                    page = self.loader.page_id(mBlockTable, r, ahead, seqlen, wg_tidx)
+                    self.loader.prefetch_tile(tma_k, mK, sK, ahead, kv_head, page, wg_tidx)
+        return k_prod
 
     @cute.jit
     def next_page_early(self, is_k_producer, mBlockTable, r, blk, seqlen, wg_tidx) -> Int32:

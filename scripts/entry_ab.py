@@ -57,8 +57,6 @@ MODES = {
     "2wg-chain-max": ("2wg", dict(softmax_tree=False), True),  # 64-row kernel: the row max as one FMNMX chain
     "2wg-early-fence": ("2wg", dict(p_fence_after_pv=False), True),  # 64-row kernel: P_FULL before WG0's P.V issue
     "2wg-p-swizzled": ("2wg", dict(p_interleaved=False), True),  # 64-row kernel: P's tile 128B-swizzled
-    "2wg-stagger1": ("2wg", dict(head_stagger=1), True),  # first chunk: tile 2 after tile 1 lands (64-row kernel)
-    "2wg-stagger2": ("2wg", dict(head_stagger=2), True),  # ... and the short-chunk prefetches after it too
     "2wg-before-tw": ("2wg", dict(softmax_tree=False, p_fence_after_pv=False, p_interleaved=False), True),  # as before the 20th session
     "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
