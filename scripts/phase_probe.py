@@ -9,9 +9,11 @@ mean time between the two points:
 
 - WG0: ``qk issue`` (K tile landed, before its S = Q.K^T wgmma), ``qk done`` (that group retired: the
   probe waits for it right after the issue, where the kernel waits anyway), ``hand`` (softmax and the bf16
-  conversion done, before the P_EMPTY wait and P's stores), ``handed`` (P_FULL arrived), ``pv0 issue`` (O's
-  rescale and a tail's V zeroing done), ``pv0 done``;
-- WG1: ``pv1 issue`` (P_FULL passed, O rescaled, K tile waited for), ``pv1 done``.
+  conversion done, before the P_EMPTY wait and P's stores), ``pv0 issue`` (P stored, O's rescale and a
+  tail's V zeroing done), ``handed`` (the proxy fence and P_FULL, which the kernel issues after its P.V:
+  ``MLADecode2WG.p_fence_after_pv``), ``pv0 done`` (stamped at the K stage's release, right after the
+  kernel's own wait for that P.V);
+- WG1: ``pv1 issue`` (P_FULL passed, O rescaled, K tile waited for), ``pv1 done`` (at its release).
 
 Also the earliest ``qk issue`` and latest ``pv0 done`` of each CTA (``atom.min`` / ``atom.max``), so that the
 tile period is ``(last pv0 done - first qk issue - mean(pv0 done - qk issue)) / (tiles - 1)``: that includes
@@ -66,6 +68,22 @@ def probe_class(base: int):
     """The 64-row 2wg kernel with the module docstring's stamps, adding into the buffer at ``base``."""
 
     class Probed(MLADecode2WG):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+
+            class StampedLoader(type(self.loader)):
+                @cute.jit
+                def consumer_release(self, pipe, state):
+                    # Both warpgroups release a K stage right after waiting for their P.V of it.
+                    tidx, _, _ = cute.arch.thread_idx()
+                    if tidx == 0:
+                        _add_clock(base, PV0_DONE)
+                    if tidx == 128:
+                        _add_clock(base, PV1_DONE)
+                    super().consumer_release(pipe, state)
+
+            self.loader.__class__ = StampedLoader
+
         @cute.jit
         def issue_qk(self, acc_s, tSrQ, tSrK, stage):
             tidx, _, _ = cute.arch.thread_idx()
@@ -77,23 +95,29 @@ def probe_class(base: int):
                 _add_clock(base, QK_DONE)
 
         @cute.jit
-        def hand_p_to_wg1(self, rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx):
+        def store_p_for_wg1(self, rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx):
             if wg_tidx == 0:
                 _add_clock(base, HAND)
-            super().hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
-            if wg_tidx == 0:
+            super().store_p_for_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
+
+        @cute.jit
+        def publish_p(self):
+            super().publish_p()
+            tidx, _, _ = cute.arch.thread_idx()
+            if tidx == 0:
                 _add_clock(base, HANDED)
 
         @cute.jit
         def issue_pv(self, acc_o, tOrP, tOrV, stage, p_in_registers: cutlass.Constexpr[bool] = False):
+            # No wait here: WG0 publishes P after this issue, so a wait would serialize WG1's P.V behind
+            # WG0's; the P.V's end is stamped at the stage release that follows the kernel's own wait.
             tidx, _, _ = cute.arch.thread_idx()
             if tidx % 128 == 0:
                 _add_clock(base, PV0_ISSUE if const_expr(p_in_registers) else PV1_ISSUE)
             super().issue_pv(acc_o, tOrP, tOrV, stage, p_in_registers)
-            warpgroup.wait_group(0)  # the caller waits for it next anyway
-            if tidx % 128 == 0:
-                _add_clock(base, PV0_DONE if const_expr(p_in_registers) else PV1_DONE)
 
+    if not Probed.p_fence_after_pv:
+        raise SystemExit("phase_probe stamps the p_fence_after_pv order (P_FULL after WG0's P.V issue)")
     return Probed
 
 
@@ -115,8 +139,8 @@ def report(label: str, buf, last_us: float) -> None:
     print(f"{label}: {int(used.sum())} CTAs, {float(n.mean()):.1f} tiles each (mean); replay {last_us:.1f} us")
     print(f"  tile period {float(period.mean()):.0f} cycles (median CTA {float(period.median()):.0f})")
     parts = [("QK (issue to retired)", QK_ISSUE, QK_DONE), ("softmax + bf16", QK_DONE, HAND),
-             ("P hand-off (P_EMPTY wait, stores, fence, P_FULL)", HAND, HANDED),
-             ("O rescale / V zeroing to P.V issue", HANDED, PV0_ISSUE), ("WG0 P.V (issue to retired)", PV0_ISSUE, PV0_DONE),
+             ("P_EMPTY wait, P stores, O rescale / V zeroing", HAND, PV0_ISSUE),
+             ("fence + P_FULL after WG0's P.V issue", PV0_ISSUE, HANDED), ("WG0 P.V (issue to retired)", PV0_ISSUE, PV0_DONE),
              ("WG1 P.V issue after WG0's", PV0_ISSUE, PV1_ISSUE), ("WG1 P.V (issue to retired)", PV1_ISSUE, PV1_DONE),
              ("WG0 P.V retired to WG1's", PV0_DONE, PV1_DONE)]
     for name, a, b in parts:
