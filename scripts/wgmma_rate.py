@@ -6,7 +6,11 @@ One CTA per SM (132) loops ``--iters`` times over a committed wgmma group and it
 that stay in shared memory (zeros; the tensor cores' speed does not depend on the values):
 - ``qk``: the score product, 36 k-steps of m64n64k16 (A: a 64 x 576 Q-like tile, B: a 64 x 576 K-like
   tile), SS, or RS with A from registers (``-rs``);
-- ``pv``: one half of P.V, 4 k-steps of m64n256k16 (A: 64 x 64 P-like, B: 256 x 64), SS.
+- ``pv``: one half of P.V, 4 k-steps of m64n256k16 (A: 64 x 64 P-like, B: 256 x 64), SS;
+- ``qkf``: ``qk`` with a ``wgmma.fence`` before every 4 k-steps (one 64-column box of K): what a QK chain
+  that waits on a barrier per K box (a seesaw's per-box stages) must issue after each wait;
+- ``qkb``: ``qkf`` with an mbarrier wait (on a barrier whose phase has completed, so it returns at once)
+  before each of those fences: the whole per-box sequence but the load.
 A case names what each warpgroup of the CTA runs, e.g. ``qk-ss`` (one warpgroup), ``qk-ss+qk-ss`` (two,
 same operands, each its own accumulator), ``qk-ss+pv-ss`` (the 2wg overlap a seesaw form wants).
 Printed per case: the tensor work per SM per microsecond and as a fraction of the dense bf16 peak
@@ -38,7 +42,7 @@ from pipelines import layouts  # noqa: E402
 from pipelines.launch import TVM_FFI_OPTION  # noqa: E402
 
 BF16 = cutlass.BFloat16
-SHAPES = {"qk": (64, 576), "pv": (256, 64)}  # (N, K) of each product; M is 64
+SHAPES = {"qk": (64, 576), "qkf": (64, 576), "qkb": (64, 576), "pv": (256, 64)}  # (N, K) of each product; M is 64
 
 
 def macs(kind: str) -> int:
@@ -69,6 +73,7 @@ class WgmmaRate:
             b: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(sB_layout)], 1024]
             pa: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(sPA_layout)], 1024]
             pb: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(sPB_layout)], 1024]
+            bar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, 1], 8]
 
         self.storage = Storage
         self.kernel(out, iters, sA_layout, sB_layout, sPA_layout, sPB_layout).launch(
@@ -83,6 +88,10 @@ class WgmmaRate:
         views = {
             "qk": (storage.a.get_tensor(sA_layout.outer, swizzle=sA_layout.inner),
                    storage.b.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)),
+            "qkf": (storage.a.get_tensor(sA_layout.outer, swizzle=sA_layout.inner),
+                    storage.b.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)),
+            "qkb": (storage.a.get_tensor(sA_layout.outer, swizzle=sA_layout.inner),
+                    storage.b.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)),
             "pv": (storage.pa.get_tensor(sPA_layout.outer, swizzle=sPA_layout.inner),
                    storage.pb.get_tensor(sPB_layout.outer, swizzle=sPB_layout.inner)),
         }
@@ -92,8 +101,16 @@ class WgmmaRate:
                 flat = cute.make_tensor(t.iterator, cute.make_layout(cute.cosize(t.layout)))
                 for i in cutlass.range(tidx, cute.cosize(t.layout), nthreads, unroll=1):
                     flat[i] = BF16(0.0)
+        bar = storage.bar.data_ptr()
+        if tidx == 0:
+            cute.arch.mbarrier_init(bar, 1)
+        cute.arch.mbarrier_init_fence()
+        cute.arch.sync_threads()
+        if tidx == 0:
+            cute.arch.mbarrier_arrive(bar)  # phase 0 completes: every wait on it returns at once
         cute.arch.fence_view_async_shared()
         cute.arch.sync_threads()
+        self.bar = bar
         wg = cute.arch.make_warp_uniform(tidx // 128)
         for w in cutlass.range_constexpr(len(self.roles)):
             if wg == w:
@@ -130,6 +147,10 @@ class WgmmaRate:
         for _ in cutlass.range(iters, unroll=1):
             warpgroup.fence()
             for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+                if const_expr(kind in ("qkf", "qkb") and k > 0 and k % 4 == 0):
+                    if const_expr(kind == "qkb"):
+                        cute.arch.mbarrier_wait(self.bar, 0)
+                    warpgroup.fence()
                 mma.set(warpgroup.Field.ACCUMULATE, True)
                 cute.gemm(mma, acc, tA[None, None, k], tB[None, None, k], acc)
             warpgroup.commit_group()
