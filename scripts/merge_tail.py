@@ -20,7 +20,9 @@ behind entries that differ only in what follows it, and each is captured in its 
 - ``merge-w8``: the merge with 16 splits per warp and round wherever ``n_est > 8`` (16-bit partials; the
   rule before ``split_k.merge_kernel.WIDE_ABOVE``);
 - ``merge-y2``: the merge with twice the CTAs per slot;
-- ``merge-old``: the merge kernel module at ``$MERGE_OLD`` (a file, e.g. from ``git show``), for A/B.
+- ``merge-old``: the merge kernel module at ``$MERGE_OLD`` (a file, e.g. from ``git show``), for A/B;
+- ``merge-alt``: the same for a module with today's ``SplitMerge.__call__`` signature (``max_tiles``), at
+  ``$MERGE_ALT`` (an experiment's copy of ``split_k/merge_kernel.py``).
 
 ``merge - none`` is the merge stage's cost in a graph; ``wait - none`` the part of it that no merge
 kernel can avoid; ``exit - none`` what launching a dependent grid costs when it waits for nothing.
@@ -38,7 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 CONFIGS = ((64, 1, 1, 16, 1024), (64, 1, 1, 16, 16384), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096),
            (64, 128, 1, 128, 4096))
-MODES = ("merge", "grid", "merge-nopdl", "merge-l8", "merge-w8", "merge-y2", "merge-old", "none", "wait", "exit")
+MODES = ("merge", "grid", "merge-nopdl", "merge-l8", "merge-w8", "merge-y2", "merge-old", "merge-alt", "none", "wait", "exit")
 DEFAULT_MODES = ("merge", "grid", "merge-nopdl", "none", "wait", "exit")
 
 
@@ -73,11 +75,12 @@ class DoubleY(SplitMerge):
         return SplitMerge._grid_y(self, n_est, loads) * 2
 
 
-def _old_merge():
-    """The merge kernel module of a previous commit, from ``$MERGE_OLD`` (a file path), for A/B."""
+def _old_merge(var: str = "MERGE_OLD"):
+    """The merge kernel module of a previous commit (or an experiment), from ``$MERGE_OLD`` (or ``var``:
+    a file path), for A/B."""
     import importlib.util
     import os
-    spec = importlib.util.spec_from_file_location("old_merge_kernel", os.environ["MERGE_OLD"])
+    spec = importlib.util.spec_from_file_location(f"{var.lower()}_merge_kernel", os.environ[var])
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -93,9 +96,10 @@ class ModeEntry(DecodeEntry):
             self.merge.wide_above = LOADS_NARROW  # the 16-load kernel above 8 estimated chunks (before WIDE_ABOVE)
         if mode == "merge-y2":
             self.merge = DoubleY(self.merge.dtype, self.merge.h_q, self.rows // self.merge.h_q, self.partial_dtype)
-        if mode == "merge-old":
-            self.merge = _old_merge().SplitMerge(self.merge.dtype, self.merge.h_q, self.rows // self.merge.h_q,
-                                                 self.partial_dtype)
+        if mode in ("merge-old", "merge-alt"):
+            module = _old_merge("MERGE_OLD" if mode == "merge-old" else "MERGE_ALT")
+            self.merge = module.SplitMerge(self.merge.dtype, self.merge.h_q, self.rows // self.merge.h_q,
+                                           self.partial_dtype)
         self.tail = Tail(mode == "wait")
 
     @cute.jit
@@ -105,7 +109,7 @@ class ModeEntry(DecodeEntry):
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                     o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1), stream)
         max_tiles = self.merge_tiles(block_table)
-        if cutlass.const_expr(self.mode in ("merge-l8", "merge-w8", "merge-y2")):
+        if cutlass.const_expr(self.mode in ("merge-l8", "merge-w8", "merge-y2", "merge-alt")):
             self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, max_tiles, stream,
                        use_pdl=True)
         if cutlass.const_expr(self.mode == "merge-old"):  # a previous module: its own signature
@@ -158,7 +162,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=300)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES),
-                    help=f"comma-separated, from {','.join(MODES)} (merge-old needs $MERGE_OLD)")
+                    help=f"comma-separated, from {','.join(MODES)} (merge-old needs $MERGE_OLD, merge-alt $MERGE_ALT)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 
