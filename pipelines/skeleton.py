@@ -27,7 +27,7 @@ from cutlass._mlir.dialects import llvm
 
 from pipelines import layouts, paged_kv, softmax
 from split_k import grid_sync, merge_kernel
-from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, GRID_COUNT_COLUMN, SPLIT_BASE, SPLIT_COUNT
+from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, GRID_COUNT_COLUMN
 from split_k.planner import split_groups as split_groups_expr
 
 SPLIT_CLUSTERS = (1, 2, 4, 8)
@@ -369,8 +369,6 @@ class MLADecodeBase:
         first_y = kv_head * self.num_m_blocks + m_block
         begin_split = mMeta[part, BEGIN_SPLIT]
         r = mMeta[part, BEGIN_REQ]
-        base = mMeta[part, SPLIT_BASE]
-        n = mMeta[part, SPLIT_COUNT]
         works = Int32(0)
         if begin_split >= 1:
             if first_y < merge_y:
@@ -389,9 +387,8 @@ class MLADecodeBase:
             warp = cute.arch.make_warp_uniform(cute.arch.warp_idx())
             sAcc, sM, sS = merge_kernel.smem_views(cute.recast_ptr(storage.sP.data_ptr(), dtype=Float32))
             for y in cutlass.range(first_y, merge_y, nx * nz, unroll=1):
-                self.merger.merge_slot(r, begin_split, base, n, y, merge_y, warp, tidx % 32, sAcc, sM, sS,
-                                       mMergeOaccum, mMergeLSEaccum, mNumSplits, mMergeO, mMergeLSE,
-                                       self.merger.max_loads, False)
+                self.merger.merge_slot(r, begin_split, y, merge_y, warp, tidx % 32, sAcc, sM, sS, mMergeOaccum,
+                                       mMergeLSEaccum, mNumSplits, mMergeO, mMergeLSE, self.merger.max_loads, False)
 
     def make_pipelines(self, storage):
         """Q (``make_q_pipeline``) and K: ``kv_stages`` stages built by the loader; consumers = every

@@ -57,12 +57,6 @@ waits in any case so that this grid's completion implies the main kernel's. This
 one (the next decode, itself launched with programmatic dependent launch) be scheduled as soon as it
 starts.
 
-The plan row gives the request's workspace rows too (``planner.SPLIT_BASE``, ``SPLIT_COUNT``: ``num_splits[r]``
-and ``r``'s chunk count), read with ``begin_req`` and ``begin_split``. Most merge CTAs are scheduled only once
-the decode CTAs leave their SMs, so whatever they read before their first partial is on the path: reading
-``num_splits[r]`` after the row was one more dependent round trip, 0.5-0.6 us of a b8 s1 h64 4096 decode on an
-H200 (docs/perf-notes.md, twenty-second session).
-
 Layouts (docs/interfaces.md): o_accum [splits, rows, 512] fp32 or the input dtype (``partial_dtype``), lse_accum [splits, rows] fp32
 natural log (-inf = no key in that chunk), num_splits [b + 1] prefix sums, tile_scheduler_metadata
 [num_parts, 8], out [b, s_q, h_q, 512] (viewed as [b, rows, 512]: the API checks that the rows
@@ -77,7 +71,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, BELOW_TARGET, BLOCK_N, FIXED_COST, SPLIT_BASE, SPLIT_COUNT
+from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, BELOW_TARGET, BLOCK_N, FIXED_COST
 
 HEAD_DIM_V = 512
 THREADS = 256
@@ -324,17 +318,13 @@ class SplitMerge:
         # The next decode (launched with programmatic dependent launch) may be scheduled now: it waits
         # in its own griddepcontrol.wait for this grid to complete before touching global memory.
         cute.arch.griddepcontrol_launch_dependents()
-        # Every plan field at once (one round trip before the branch, not one on each side of it), the
-        # request's workspace rows included (planner.SPLIT_BASE / SPLIT_COUNT): read from num_splits after
-        # the row, they were a second dependent round trip for every CTA launched once the decode's had left.
+        # Both plan fields at once (one round trip before the branch, not one on each side of it).
         begin_split = mMeta[part, BEGIN_SPLIT]
         r = mMeta[part, BEGIN_REQ]
-        base = mMeta[part, SPLIT_BASE]
-        n = mMeta[part, SPLIT_COUNT]
         if begin_split >= 1:  # this part begins chunk begin_split of a split request: one of its slots
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
             sAcc, sM, sS = smem_views(storage.buf.data_ptr())
-            self.merge_slot(r, begin_split, base, n, cta_y, grid_y, warp, lane, sAcc, sM, sS,
+            self.merge_slot(r, begin_split, cta_y, grid_y, warp, lane, sAcc, sM, sS,
                             mOaccum, mLSEaccum, mNumSplits, mO, mLSE, loads, True)
         elif part == 0 and cta_y == 0:
             # One CTA waits even when it has nothing to merge, so that this grid completes only after
@@ -344,22 +334,18 @@ class SplitMerge:
             cute.arch.griddepcontrol_wait()
 
     @cute.jit
-    def merge_slot(self, r: Int32, begin_split: Int32, base: Int32, n: Int32, cta_y: Int32, grid_y: Int32,
-                   warp: Int32, lane: Int32, sAcc: cute.Tensor, sM: cute.Tensor, sS: cute.Tensor, mOaccum: cute.Tensor,
-                   mLSEaccum: cute.Tensor, mNumSplits: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
-                   loads: cutlass.Constexpr[int], pdl_wait: cutlass.Constexpr[bool]):
+    def merge_slot(self, r: Int32, begin_split: Int32, cta_y: Int32, grid_y: Int32, warp: Int32, lane: Int32,
+                   sAcc: cute.Tensor, sM: cute.Tensor, sS: cute.Tensor, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor,
+                   mNumSplits: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, loads: cutlass.Constexpr[int],
+                   pdl_wait: cutlass.Constexpr[bool]):
         """The merge work of grid cell ``(part, cta_y)`` of a ``[num_parts, grid_y]`` grid whose part
         begins chunk ``begin_split >= 1`` of request ``r`` (module docstring), by the CTA's 8 warps
-        (``sAcc`` ``(CHUNK, WARPS)``, ``sM``/``sS`` ``WARPS`` fp32 in shared memory). ``base`` and ``n``:
-        the part's plan columns ``SPLIT_BASE`` and ``SPLIT_COUNT`` (``num_splits[r]`` and ``r``'s chunks);
-        a plan without them (``n`` 0: not one of this library's planners) has them read from
-        ``num_splits``. ``mO``: out as ``[b, rows, 512]`` (``out_rows``). ``pdl_wait``: wait for the main
-        kernel (griddepcontrol.wait) before the first partial is read; the in-grid merge has waited on
-        the grid barrier instead."""
+        (``sAcc`` ``(CHUNK, WARPS)``, ``sM``/``sS`` ``WARPS`` fp32 in shared memory). ``mO``: out as
+        ``[b, rows, 512]`` (``out_rows``). ``pdl_wait``: wait for the main kernel (griddepcontrol.wait)
+        before the first partial is read; the in-grid merge has waited on the grid barrier instead."""
         rows = self.rows
-        if n == 0:  # a split request has >= 2 chunks: 0 means the plan left the columns empty
-            base = mNumSplits[r]
-            n = mNumSplits[r + 1] - base
+        base = mNumSplits[r]
+        n = mNumSplits[r + 1] - base
         slots = n - 1
         slot = begin_split - 1
         groups = self._split_groups(n, loads)

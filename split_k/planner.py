@@ -22,15 +22,8 @@ idx   name         meaning
 2     end_req      last request of the part (inclusive)
 3     end_block    one past the last KV tile of ``end_req`` (exclusive)
 4     begin_split  chunk index (within ``begin_req``) of the part's first chunk
-5     split_base   ``num_splits[begin_req]``: the workspace row of ``begin_req``'s chunk 0
-6     split_count  ``num_splits[begin_req + 1] - num_splits[begin_req]``: ``begin_req``'s chunks
-7     reserved     0 (row 0: the in-grid merge's barrier word, 0 or 2^31 after a decode)
+5-7   reserved     0 (row 0's column 7: the in-grid merge's barrier word, 0 or 2^31 after a decode)
 ====  ===========  ==========================================================================
-
-Columns 5 and 6 repeat what ``num_splits`` says about ``begin_req`` (0 and 0 in an empty part), so that
-a merge CTA learns where its request's partials lie from its plan row alone: read from ``num_splits``
-after the row, they cost the merge kernel one more dependent round trip (0.5-0.6 us of a b8 s1 h64 4096
-decode on an H200, docs/perf-notes.md, twenty-second session).
 
 A part processes requests ``begin_req..end_req``. For a request strictly inside the range the
 chunk is ``[0, n_blocks)`` with chunk index 0; ``begin_req``'s chunk starts at ``begin_block`` with
@@ -126,7 +119,7 @@ METADATA_WIDTH = 8
 """int32 fields per part in ``tile_scheduler_metadata``."""
 
 # Field indices of a tile_scheduler_metadata row.
-BEGIN_REQ, BEGIN_BLOCK, END_REQ, END_BLOCK, BEGIN_SPLIT, SPLIT_BASE, SPLIT_COUNT = range(7)
+BEGIN_REQ, BEGIN_BLOCK, END_REQ, END_BLOCK, BEGIN_SPLIT = range(5)
 GRID_COUNT_COLUMN = 7
 """Reserved column whose row-0 word the in-grid merge's barrier counts on (``split_k.grid_sync``): the
 planners write 0 there; each decode with the in-grid merge adds 2^31 (its low 31 bits stay 0)."""
@@ -253,19 +246,8 @@ def plan(seqlens: Sequence[int] | torch.Tensor, num_parts: int, block_n: int = B
         metadata, num_splits = _aligned_plan(blocks, num_parts, fixed_cost, *params)
     else:
         metadata, num_splits = _balanced_plan(blocks, num_parts, fixed_cost)
-    fill_split_columns(metadata, num_splits)
     return (torch.tensor(metadata, dtype=torch.int32).reshape(num_parts, METADATA_WIDTH),
             torch.tensor(num_splits, dtype=torch.int32))
-
-
-def fill_split_columns(metadata: list[list[int]], num_splits: list[int]) -> None:
-    """Columns ``SPLIT_BASE`` and ``SPLIT_COUNT`` of every non-empty row from ``num_splits`` (in place;
-    empty rows keep 0 and 0)."""
-    for row in metadata:
-        if row[END_REQ] >= row[BEGIN_REQ]:
-            r = row[BEGIN_REQ]
-            row[SPLIT_BASE] = num_splits[r]
-            row[SPLIT_COUNT] = num_splits[r + 1] - num_splits[r]
 
 
 def _balanced_plan(blocks: list[int], num_parts: int, fixed_cost: int) -> tuple[list[list[int]], list[int]]:

@@ -99,8 +99,8 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass import Int32, Int64, Uint32, Uint64  # noqa: E402
 
 from .planner import (BEGIN_BLOCK, BEGIN_REQ, BEGIN_SPLIT, BLOCK_N, CHUNK_CANDIDATES, END_BLOCK,  # noqa: E402
-                      END_REQ, FIXED_COST, METADATA_WIDTH, SPLIT_BASE, SPLIT_COUNT, chunk_tile_candidates,
-                      chunk_tile_offsets, long_chunks)
+                      END_REQ, FIXED_COST, METADATA_WIDTH, chunk_tile_candidates, chunk_tile_offsets,
+                      long_chunks)
 
 THREADS = 256
 NUM_WARPS = THREADS // 32
@@ -314,8 +314,6 @@ def kernel_model(lengths: Sequence[int], num_parts: int, block_n: int = BLOCK_N,
                 end_req, end_block = next_req - 1, blocks[next_req - 1]
             row[BEGIN_REQ], row[BEGIN_BLOCK], row[BEGIN_SPLIT] = begin_req[q], begin_block[q], begin_split[q]
             row[END_REQ], row[END_BLOCK] = end_req, end_block
-            r = begin_req[q]
-            row[SPLIT_BASE], row[SPLIT_COUNT] = num_splits[r], num_splits[r + 1] - num_splits[r]
         rows.append(row)
     return rows, num_splits
 
@@ -590,16 +588,7 @@ class SplitPlanner:
             mMetadata[q, END_REQ] = end_req
             mMetadata[q, END_BLOCK] = end_block
             mMetadata[q, BEGIN_SPLIT] = begin_split
-            # begin_req's workspace rows (planner.SPLIT_BASE / SPLIT_COUNT): num_splits was written by this
-            # CTA before the barrier above, so its global stores are visible here.
-            split_base = Int32(0)
-            split_count = Int32(0)
-            if q < used:
-                split_base = mNumSplits[begin_req]
-                split_count = mNumSplits[begin_req + 1] - split_base
-            mMetadata[q, SPLIT_BASE] = split_base
-            mMetadata[q, SPLIT_COUNT] = split_count
-            for i in cutlass.range_constexpr(SPLIT_COUNT + 1, METADATA_WIDTH):
+            for i in cutlass.range_constexpr(BEGIN_SPLIT + 1, METADATA_WIDTH):
                 mMetadata[q, i] = Int32(0)
 
     @cute.jit

@@ -16,13 +16,8 @@ def _check_plan(lengths, num_parts, block_n=64, fixed_cost=5):
     b = len(lengths)
     assert metadata.dtype == torch.int32 and tuple(metadata.shape) == (num_parts, 8)
     assert num_splits.dtype == torch.int32 and tuple(num_splits.shape) == (b + 1,)
-    assert (metadata[:, planner.GRID_COUNT_COLUMN] == 0).all(), "reserved field must be 0"
+    assert (metadata[:, 5:] == 0).all(), "reserved fields must be 0"
     bounds = num_splits.tolist()
-    for row in metadata.tolist():  # begin_req's workspace rows, 0 and 0 in an empty part
-        r = row[planner.BEGIN_REQ]
-        used = row[planner.END_REQ] >= r
-        assert row[planner.SPLIT_BASE] == (bounds[r] if used else 0)
-        assert row[planner.SPLIT_COUNT] == (bounds[r + 1] - bounds[r] if used else 0)
     assert bounds[0] == 0
     n_chunks = [bounds[r + 1] - bounds[r] for r in range(b)]
     assert all(n >= 1 for n in n_chunks)
@@ -138,7 +133,7 @@ def test_plan_splits_a_request_that_does_not_fit():
     # (Request 1 is long, 35 > capacity 31, and would need two parts of its own after request 0's:
     # the aligned plan does not fit.)
     metadata, num_splits = planner.plan([100, 64 * 30], 2)
-    assert metadata.tolist() == [[0, 0, 1, 14, 0, 0, 1, 0], [1, 14, 1, 30, 1, 1, 2, 0]]
+    assert metadata.tolist() == [[0, 0, 1, 14, 0, 0, 0, 0], [1, 14, 1, 30, 1, 0, 0, 0]]
     assert num_splits.tolist() == [0, 1, 3]
 
 
@@ -147,12 +142,12 @@ def test_whole_requests_instead_of_a_split():
     # (part 0: request 0 and 2 tiles of request 1, part 1: the other 3); every request fits whole in a
     # part of 14, and two parts hold them, so each request gets its own part.
     metadata, num_splits = planner.plan([100, 300], 2, aligned=False)
-    assert metadata.tolist() == [[0, 0, 1, 2, 0, 0, 1, 0], [1, 2, 1, 5, 1, 1, 2, 0]]
+    assert metadata.tolist() == [[0, 0, 1, 2, 0, 0, 0, 0], [1, 2, 1, 5, 1, 0, 0, 0]]
     assert num_splits.tolist() == [0, 1, 3]
     assert planner.aligned_capacity([2, 5], 2, 5) == (14, 2)
     assert planner.aligned_params([2, 5], 2, 5) == (14, 9)
     metadata, num_splits = planner.plan([100, 300], 2)
-    assert metadata.tolist() == [[0, 0, 0, 2, 0, 0, 1, 0], [1, 0, 1, 5, 0, 1, 1, 0]]
+    assert metadata.tolist() == [[0, 0, 0, 2, 0, 0, 0, 0], [1, 0, 1, 5, 0, 0, 0, 0]]
     assert num_splits.tolist() == [0, 1, 2]
 
 
@@ -240,13 +235,13 @@ def test_plan_does_not_split_when_only_the_fixed_cost_would_fit():
     # payload ceil(17 / 3) + 5 = 11: after request 0 (7) only 4 <= fixed cost is left, so part 0
     # stops instead of taking an empty chunk; part 2 stays empty.
     metadata, num_splits = planner.plan([100, 300], 3)
-    assert metadata.tolist() == [[0, 0, 0, 2, 0, 0, 1, 0], [1, 0, 1, 5, 0, 1, 1, 0], [0, 0, -1, 0, 0, 0, 0, 0]]
+    assert metadata.tolist() == [[0, 0, 0, 2, 0, 0, 0, 0], [1, 0, 1, 5, 0, 0, 0, 0], [0, 0, -1, 0, 0, 0, 0, 0]]
     assert num_splits.tolist() == [0, 1, 2]
 
 
 def test_one_part_never_splits():
     metadata, num_splits = planner.plan([5000, 0, 17], 1)
-    assert metadata.tolist() == [[0, 0, 2, 1, 0, 0, 1, 0]]
+    assert metadata.tolist() == [[0, 0, 2, 1, 0, 0, 0, 0]]
     assert num_splits.tolist() == [0, 1, 2, 3]
 
 
