@@ -88,13 +88,10 @@ class WgmmaRate:
         views = {
             "qk": (storage.a.get_tensor(sA_layout.outer, swizzle=sA_layout.inner),
                    storage.b.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)),
-            "qkf": (storage.a.get_tensor(sA_layout.outer, swizzle=sA_layout.inner),
-                    storage.b.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)),
-            "qkb": (storage.a.get_tensor(sA_layout.outer, swizzle=sA_layout.inner),
-                    storage.b.get_tensor(sB_layout.outer, swizzle=sB_layout.inner)),
             "pv": (storage.pa.get_tensor(sPA_layout.outer, swizzle=sPA_layout.inner),
                    storage.pb.get_tensor(sPB_layout.outer, swizzle=sPB_layout.inner)),
         }
+        views["qkf"] = views["qkb"] = views["qk"]  # the same product, with per-box fences / waits
         nthreads = 128 * len(self.roles)
         for name in ("qk", "pv"):
             for t in views[name]:
@@ -110,11 +107,10 @@ class WgmmaRate:
             cute.arch.mbarrier_arrive(bar)  # phase 0 completes: every wait on it returns at once
         cute.arch.fence_view_async_shared()
         cute.arch.sync_threads()
-        self.bar = bar
         wg = cute.arch.make_warp_uniform(tidx // 128)
         for w in cutlass.range_constexpr(len(self.roles)):
             if wg == w:
-                self.run_role(self.roles[w], views, tidx % 128, iters, out, bidx * nthreads + tidx)
+                self.run_role(self.roles[w], views, bar, tidx % 128, iters, out, bidx * nthreads + tidx)
 
     @cute.jit
     def stamp(self, out, slot: int):
@@ -128,7 +124,7 @@ class WgmmaRate:
                         "st.global.u64 [$0], t;\nst.global.u64 [$0+8], c;\n}", "l", has_side_effects=True)
 
     @cute.jit
-    def run_role(self, role, views, wg_tidx, iters, out, gidx):
+    def run_role(self, role, views, bar, wg_tidx, iters, out, gidx):
         kind, rs = role
         sA, sB = views[kind]
         mma = self.tiled_mma(kind, rs)
@@ -149,7 +145,7 @@ class WgmmaRate:
             for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
                 if const_expr(kind in ("qkf", "qkb") and k > 0 and k % 4 == 0):
                     if const_expr(kind == "qkb"):
-                        cute.arch.mbarrier_wait(self.bar, 0)
+                        cute.arch.mbarrier_wait(bar, 0)
                     warpgroup.fence()
                 mma.set(warpgroup.Field.ACCUMULATE, True)
                 cute.gemm(mma, acc, tA[None, None, k], tB[None, None, k], acc)
