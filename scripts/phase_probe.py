@@ -13,7 +13,9 @@ mean time between the two points:
   tail's V zeroing done), ``handed`` (the proxy fence and P_FULL, which the kernel issues after its P.V:
   ``MLADecode2WG.p_fence_after_pv``), ``pv0 done`` (stamped at the K stage's release, right after the
   kernel's own wait for that P.V);
-- WG1: ``pv1 issue`` (P_FULL passed, O rescaled, K tile waited for), ``pv1 done`` (at its release).
+- WG1: ``pv1 issue`` (P_FULL passed, O rescaled, K tile waited for), ``pv1 done`` (at its release);
+- WG0: ``k wait`` (before its wait for the K tile's full barrier), so ``k wait`` to ``qk issue`` is how long
+  WG0 waits for the tile's bytes (plus the stamp).
 
 Also the earliest ``qk issue`` and latest ``pv0 done`` of each CTA (``atom.min`` / ``atom.max``), so that the
 tile period is ``(last pv0 done - first qk issue - mean(pv0 done - qk issue)) / (tiles - 1)``: that includes
@@ -42,8 +44,8 @@ from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 from pipelines.variant_2wg import MLADecode2WG  # noqa: E402
 from probe_setup import cta_row  # noqa: E402
 
-EVENTS = ("qk issue", "qk done", "hand", "handed", "pv0 issue", "pv0 done", "pv1 issue", "pv1 done")
-QK_ISSUE, QK_DONE, HAND, HANDED, PV0_ISSUE, PV0_DONE, PV1_ISSUE, PV1_DONE = range(len(EVENTS))
+EVENTS = ("qk issue", "qk done", "hand", "handed", "pv0 issue", "pv0 done", "pv1 issue", "pv1 done", "k wait")
+QK_ISSUE, QK_DONE, HAND, HANDED, PV0_ISSUE, PV0_DONE, PV1_ISSUE, PV1_DONE, K_WAIT = range(len(EVENTS))
 FIRST, LAST = 2 * len(EVENTS), 2 * len(EVENTS) + 1  # earliest qk issue, latest pv0 done
 SLOTS = 2 * len(EVENTS) + 2  # per CTA: (sum, count) per event, first, last
 MAX_CTAS = 1024
@@ -81,6 +83,13 @@ def probe_class(base: int):
                     if tidx == 128:
                         _add_clock(base, PV1_DONE)
                     super().consumer_release(pipe, state)
+
+                @cute.jit
+                def consumer_wait(self, pipe, state):
+                    tidx, _, _ = cute.arch.thread_idx()
+                    if tidx == 0:
+                        _add_clock(base, K_WAIT)
+                    super().consumer_wait(pipe, state)
 
             self.loader.__class__ = StampedLoader
 
@@ -142,7 +151,7 @@ def report(label: str, buf, last_us: float) -> None:
              ("P_EMPTY wait, P stores, O rescale / V zeroing", HAND, PV0_ISSUE),
              ("fence + P_FULL after WG0's P.V issue", PV0_ISSUE, HANDED), ("WG0 P.V (issue to retired)", PV0_ISSUE, PV0_DONE),
              ("WG1 P.V issue after WG0's", PV0_ISSUE, PV1_ISSUE), ("WG1 P.V (issue to retired)", PV1_ISSUE, PV1_DONE),
-             ("WG0 P.V retired to WG1's", PV0_DONE, PV1_DONE)]
+             ("WG0 P.V retired to WG1's", PV0_DONE, PV1_DONE), ("WG0 K full wait (k wait to qk issue)", K_WAIT, QK_ISSUE)]
     for name, a, b in parts:
         print(f"  {name:<52} {gap(a, b):8.0f}")
     print(f"  {'WG0 P.V retired to next QK issue (period - busy)':<52} {float((period - busy).mean()):8.0f}", flush=True)
