@@ -29,6 +29,7 @@ BAR_P_FULL = 1
 BAR_P_EMPTY = 2
 BAR_WG0 = 3
 BAR_WG1 = 4
+BAR_PV_ISSUED = 5  # qk_ahead: WG1 arrives once its P.V of a tile is issued; WG0 waits before the next QK
 HALF = HEAD_DIM_V // 2
 
 
@@ -98,6 +99,12 @@ class MLADecode2WG(MLADecodeBase):
     # Measured on an H200 (paired, twentieth session): 0.977-1.005, 14 of 16 readings at or below 1.0 on the
     # 64-row rows; outputs bit-identical. A class constant (an A/B sets it False).
     p_interleaved = True
+    # WG0 issues the QK of tile t + 1 right behind its P.V of tile t, once WG1 has issued its own P.V of t
+    # (BAR_PV_ISSUED), so the tensor pipe goes from both P.V halves straight into the next QK instead of
+    # idling through WG0's P.V wait, the stage release and the loop (``wg0_tiles_qk_ahead``). The tile
+    # t + 1 must then have landed about one P.V earlier. Off: measured slower on the nineteenth session's
+    # kernel (docs/perf-notes.md); kept as an option for A/Bs with deeper L2 prefetch. A class constant.
+    qk_ahead = False
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -141,33 +148,27 @@ class MLADecode2WG(MLADecodeBase):
             row_limit = self.row_limits(seqlen, m_block, tScS)
 
             pipe_q.consumer_wait(q_state)
-            for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
-                self.loader.consumer_wait(pipe_k, k_state)
-                acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
-                self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
-                warpgroup.wait_group(0)
-
-                self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
-
-                rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
-                rP.store(acc_s.load().to(self.dtype))
-                if const_expr(self.p_fence_after_pv):
-                    self.store_p_for_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
-                else:
-                    self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
-
-                softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-                valid = seqlen - blk * BLOCK_N
-                if valid < BLOCK_N:
-                    self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
-                self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
-                if const_expr(self.p_fence_after_pv):
-                    # P's stores were issued before this P.V (its registers are not touched after the issue);
-                    # the proxy fence and P_FULL follow the issue, so WG0's P.V does not wait for the fence.
-                    self.publish_p()
-                warpgroup.wait_group(0)
-                self.loader.consumer_release(pipe_k, k_state)
-                k_state.advance()
+            if const_expr(self.qk_ahead):
+                k_state = self.wg0_tiles_qk_ahead(wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV,
+                                                  tPsP, tScS, acc_o, acc_o_mn, row_max, row_sum, row_scale,
+                                                  s_row_scale, sK, pipe_k, k_state, scale_log2)
+            else:
+                for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
+                    self.loader.consumer_wait(pipe_k, k_state)
+                    acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
+                    self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
+                    warpgroup.wait_group(0)
+                    rP = self.wg0_softmax_p(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum,
+                                            row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
+                    self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
+                    if const_expr(self.p_fence_after_pv):
+                        # P's stores were issued before this P.V (its registers are not touched after the
+                        # issue); the proxy fence and P_FULL follow the issue, so WG0's P.V does not wait
+                        # for the fence.
+                        self.publish_p()
+                    warpgroup.wait_group(0)
+                    self.loader.consumer_release(pipe_k, k_state)
+                    k_state.advance()
             if const_expr(self.arrives_early()):
                 if r == end_req:  # this warpgroup's last release (to the peer too) is behind it
                     cute.arch.cluster_arrive()
@@ -177,6 +178,64 @@ class MLADecode2WG(MLADecodeBase):
             self.wg0_store_chunk(wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, mma_pv_rs, row_max,
                                  row_sum, tScS, s_row_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage)
         self.wg0_exit(begin_req, end_req)
+
+    @cute.jit
+    def wg0_softmax_p(self, acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum, row_scale,
+                      s_row_scale, sK, k_state, scale_log2, wg_tidx):
+        """WG0 between a tile's QK and its P.V: mask + online softmax of S, P (16-bit registers, returned)
+        stored for WG1 (and published too unless ``p_fence_after_pv``), O rescaled where the max moved, and
+        a tail tile's V rows zeroed in WG0's half."""
+        self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+        rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
+        rP.store(acc_s.load().to(self.dtype))
+        if const_expr(self.p_fence_after_pv):
+            self.store_p_for_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
+        else:
+            self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
+        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
+        valid = seqlen - blk * BLOCK_N
+        if valid < BLOCK_N:
+            self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
+        return rP
+
+    @cute.jit
+    def wg0_tiles_qk_ahead(self, wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV, tPsP, tScS,
+                           acc_o, acc_o_mn, row_max, row_sum, row_scale, s_row_scale, sK, pipe_k, k_state,
+                           scale_log2):
+        """WG0's tiles of one chunk with the next tile's QK issued behind each P.V (``qk_ahead``).
+
+        The chunk's first QK is issued before the loop; each tile runs its softmax on the S the previous
+        step left, issues its P.V (and publishes P), and if a tile follows waits for its stage and for
+        WG1's P.V issue (BAR_PV_ISSUED), issues the next QK into the same S registers (P has its own),
+        retires the P.V (``wait_group(1)``), releases the stage, then retires the QK. Every wgmma group
+        retires inside the branch that issued it (one in flight across a branch or loop iteration makes
+        ptxas serialize every wgmma). Returns the consumer state past the chunk."""
+        acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
+        if start < stop:
+            self.loader.consumer_wait(pipe_k, k_state)
+            self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
+            warpgroup.wait_group(0)
+        k_next = k_state.clone()
+        k_next.advance()
+        for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
+            rP = self.wg0_softmax_p(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum,
+                                    row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
+            self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
+            if const_expr(self.p_fence_after_pv):
+                self.publish_p()
+            if blk + self.split_cluster < stop:
+                self.loader.consumer_wait(pipe_k, k_next)
+                cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
+                self.issue_qk(acc_s, tSrQ, tSrK, k_next.index)
+                warpgroup.wait_group(1)
+                self.loader.consumer_release(pipe_k, k_state)
+                warpgroup.wait_group(0)
+            else:
+                warpgroup.wait_group(0)
+                self.loader.consumer_release(pipe_k, k_state)
+            k_state.advance()
+            k_next.advance()
+        return k_state
 
     def p_tile_layout(self, dtype):
         """P's tile: the interleaved (unswizzled) K-major layout with ``p_interleaved``, else the base's."""
@@ -301,6 +360,9 @@ class MLADecode2WG(MLADecodeBase):
                 if valid < BLOCK_N:
                     self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
                 self.issue_pv(acc_o, tOrP, tOrV, k_state.index)
+                if const_expr(self.qk_ahead):
+                    if blk + self.split_cluster < stop:  # WG0 issues the next QK behind this P.V
+                        cute.arch.barrier_arrive(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
                 warpgroup.wait_group(0)
                 cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
                 self.loader.consumer_release(pipe_k, k_state)

@@ -58,6 +58,10 @@ MODES = {
     "2wg-early-fence": ("2wg", dict(p_fence_after_pv=False), True),  # 64-row kernel: P_FULL before WG0's P.V issue
     "2wg-p-swizzled": ("2wg", dict(p_interleaved=False), True),  # 64-row kernel: P's tile 128B-swizzled
     "2wg-before-tw": ("2wg", dict(softmax_tree=False, p_fence_after_pv=False, p_interleaved=False), True),  # as before the 20th session
+    "2wg-qk-ahead": ("2wg", dict(qk_ahead=True), True),  # 64-row kernel: next QK behind the P.V
+    "2wg-qk-ahead-pf2": ("2wg", dict(qk_ahead=True, l2_prefetch_ahead=2), True),
+    "2wg-qk-ahead-pf4": ("2wg", dict(qk_ahead=True, l2_prefetch_ahead=4), True),
+    "2wg-l2-prefetch4": ("2wg", dict(l2_prefetch_ahead=4), True),
     "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
     "seesaw": ("seesaw", None, False),
