@@ -105,6 +105,10 @@ class MLADecode2WG(MLADecodeBase):
     # t + 1 must then have landed about one P.V earlier. Off: measured slower on the nineteenth session's
     # kernel (docs/perf-notes.md); kept as an option for A/Bs with deeper L2 prefetch. A class constant.
     qk_ahead = False
+    # With qk_ahead: whether WG0 waits for WG1's P.V issue (BAR_PV_ISSUED) before the next QK. False: the QK
+    # goes right behind WG0's own P.V and WG1's P.V queues behind that QK, beside WG0's next softmax (the
+    # twelfth session's form); the stage of t is then released a QK later. A class constant.
+    qk_ahead_waits_pv = True
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -225,7 +229,8 @@ class MLADecode2WG(MLADecodeBase):
                 self.publish_p()
             if blk + self.split_cluster < stop:
                 self.loader.consumer_wait(pipe_k, k_next)
-                cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
+                if const_expr(self.qk_ahead_waits_pv):
+                    cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
                 self.issue_qk(acc_s, tSrQ, tSrK, k_next.index)
                 warpgroup.wait_group(1)
                 self.loader.consumer_release(pipe_k, k_state)
@@ -360,7 +365,7 @@ class MLADecode2WG(MLADecodeBase):
                 if valid < BLOCK_N:
                     self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
                 self.issue_pv(acc_o, tOrP, tOrV, k_state.index)
-                if const_expr(self.qk_ahead):
+                if const_expr(self.qk_ahead and self.qk_ahead_waits_pv):
                     if blk + self.split_cluster < stop:  # WG0 issues the next QK behind this P.V
                         cute.arch.barrier_arrive(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
                 warpgroup.wait_group(0)

@@ -62,6 +62,9 @@ MODES = {
     "2wg-qk-ahead-pf2": ("2wg", dict(qk_ahead=True, l2_prefetch_ahead=2), True),
     "2wg-qk-ahead-pf4": ("2wg", dict(qk_ahead=True, l2_prefetch_ahead=4), True),
     "2wg-l2-prefetch4": ("2wg", dict(l2_prefetch_ahead=4), True),
+    "2wg-qk-ahead-nowait": ("2wg", dict(qk_ahead=True, qk_ahead_waits_pv=False), True),  # WG1's P.V behind the QK
+    "2wg-qk-ahead-nowait-pf2": ("2wg", dict(qk_ahead=True, qk_ahead_waits_pv=False, l2_prefetch_ahead=2), True),
+    "2wg-qk-ahead-nowait-pf4": ("2wg", dict(qk_ahead=True, qk_ahead_waits_pv=False, l2_prefetch_ahead=4), True),
     "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
     "seesaw": ("seesaw", None, False),

@@ -10,7 +10,10 @@ that stay in shared memory (zeros; the tensor cores' speed does not depend on th
 - ``qkf``: ``qk`` with a ``wgmma.fence`` before every 4 k-steps (one 64-column box of K): what a QK chain
   that waits on a barrier per K box (a seesaw's per-box stages) must issue after each wait;
 - ``qkb``: ``qkf`` with an mbarrier wait (on a barrier whose phase has completed, so it returns at once)
-  before each of those fences: the whole per-box sequence but the load.
+  before each of those fences: the whole per-box sequence but the load;
+- ``pvqk``: one ``pv`` (P from registers with ``-rs``, as 2wg's WG0) then one ``qk`` (SS) per iteration, the
+  QK issued right behind the P.V as a second commit group and both waited for together (``qk_ahead``'s order);
+  ``pvwqk``: the same with the P.V waited for before the QK is issued (the committed kernel's order).
 A case names what each warpgroup of the CTA runs, e.g. ``qk-ss`` (one warpgroup), ``qk-ss+qk-ss`` (two,
 same operands, each its own accumulator), ``qk-ss+pv-ss`` (the 2wg overlap a seesaw form wants).
 Printed per case: the tensor work per SM per microsecond and as a fraction of the dense bf16 peak
@@ -43,9 +46,12 @@ from pipelines.launch import TVM_FFI_OPTION  # noqa: E402
 
 BF16 = cutlass.BFloat16
 SHAPES = {"qk": (64, 576), "qkf": (64, 576), "qkb": (64, 576), "pv": (256, 64)}  # (N, K) of each product; M is 64
+CHAINS = {"pvqk": ("pv", "qk"), "pvwqk": ("pv", "qk")}  # two products per iteration, in this order
 
 
 def macs(kind: str) -> int:
+    if kind in CHAINS:
+        return sum(macs(k) for k in CHAINS[kind])
     n, k = SHAPES[kind]
     return 64 * n * k
 
@@ -125,6 +131,55 @@ class WgmmaRate:
 
     @cute.jit
     def run_role(self, role, views, bar, wg_tidx, iters, out, gidx):
+        kind, rs = role
+        if const_expr(kind in CHAINS):
+            self.run_chain(role, views, wg_tidx, iters, out, gidx)
+        else:
+            self.run_one(role, views, bar, wg_tidx, iters, out, gidx)
+
+    @cute.jit
+    def run_chain(self, role, views, wg_tidx, iters, out, gidx):
+        """``pvqk`` / ``pvwqk``: P.V (A from registers with ``rs``) then QK (SS) per iteration, as two commit
+        groups, with (``pvwqk``) or without (``pvqk``) a wait for the P.V before the QK's issue."""
+        kind, rs = role
+        pv_mma = self.tiled_mma("pv", rs)
+        qk_mma = self.tiled_mma("qk", False)
+        pv_thr = pv_mma.get_slice(wg_tidx)
+        qk_thr = qk_mma.get_slice(wg_tidx)
+        sPA, sPB = views["pv"]
+        sA, sB = views["qk"]
+        tPA = pv_thr.make_fragment_A(pv_thr.partition_A(sPA))
+        if const_expr(rs):
+            tPA.fill(0.0)
+        tPB = pv_thr.make_fragment_B(pv_thr.partition_B(sPB))
+        tA = qk_thr.make_fragment_A(qk_thr.partition_A(sA))
+        tB = qk_thr.make_fragment_B(qk_thr.partition_B(sB))
+        acc_o = cute.make_rmem_tensor(pv_thr.partition_shape_C((64, 256)), Float32)
+        acc_s = cute.make_rmem_tensor(qk_thr.partition_shape_C((64, 64)), Float32)
+        acc_o.fill(0.0)
+        acc_s.fill(0.0)
+        if gidx % (128 * len(self.roles)) == 0:
+            self.stamp(out, 0)
+        for _ in cutlass.range(iters, unroll=1):
+            warpgroup.fence()
+            for k in cutlass.range_constexpr(cute.size(tPA, mode=[2])):
+                pv_mma.set(warpgroup.Field.ACCUMULATE, True)
+                cute.gemm(pv_mma, acc_o, tPA[None, None, k], tPB[None, None, k], acc_o)
+            warpgroup.commit_group()
+            if const_expr(kind == "pvwqk"):
+                warpgroup.wait_group(0)
+                warpgroup.fence()
+            for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+                qk_mma.set(warpgroup.Field.ACCUMULATE, True)
+                cute.gemm(qk_mma, acc_s, tA[None, None, k], tB[None, None, k], acc_s)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+        if gidx % (128 * len(self.roles)) == 0:
+            self.stamp(out, 1)
+        out[gidx] = acc_o[0] + acc_s[0]
+
+    @cute.jit
+    def run_one(self, role, views, bar, wg_tidx, iters, out, gidx):
         kind, rs = role
         sA, sB = views[kind]
         mma = self.tiled_mma(kind, rs)
