@@ -157,22 +157,9 @@ class MLADecode2WG(MLADecodeBase):
                                                   tPsP, tScS, acc_o, acc_o_mn, row_max, row_sum, row_scale,
                                                   s_row_scale, sK, pipe_k, k_state, scale_log2)
             else:
-                for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
-                    self.loader.consumer_wait(pipe_k, k_state)
-                    acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
-                    self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
-                    warpgroup.wait_group(0)
-                    rP = self.wg0_softmax_p(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum,
-                                            row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
-                    self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
-                    if const_expr(self.p_fence_after_pv):
-                        # P's stores were issued before this P.V (its registers are not touched after the
-                        # issue); the proxy fence and P_FULL follow the issue, so WG0's P.V does not wait
-                        # for the fence.
-                        self.publish_p()
-                    warpgroup.wait_group(0)
-                    self.loader.consumer_release(pipe_k, k_state)
-                    k_state.advance()
+                k_state = self.wg0_tiles(wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV, tPsP,
+                                         tScS, acc_o, acc_o_mn, row_max, row_sum, row_scale, s_row_scale, sK, pipe_k,
+                                         k_state, scale_log2)
             if const_expr(self.arrives_early()):
                 if r == end_req:  # this warpgroup's last release (to the peer too) is behind it
                     cute.arch.cluster_arrive()
@@ -201,6 +188,28 @@ class MLADecode2WG(MLADecodeBase):
         if valid < BLOCK_N:
             self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
         return rP
+
+    @cute.jit
+    def wg0_tiles(self, wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV, tPsP, tScS, acc_o,
+                  acc_o_mn, row_max, row_sum, row_scale, s_row_scale, sK, pipe_k, k_state, scale_log2):
+        """WG0's tiles of one chunk: per tile, the stage wait, QK, softmax and P for WG1, its P.V, the stage
+        release. Returns the consumer state past the chunk."""
+        for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
+            self.loader.consumer_wait(pipe_k, k_state)
+            acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
+            self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
+            warpgroup.wait_group(0)
+            rP = self.wg0_softmax_p(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum,
+                                    row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
+            self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
+            if const_expr(self.p_fence_after_pv):
+                # P's stores were issued before this P.V (its registers are not touched after the issue); the
+                # proxy fence and P_FULL follow the issue, so WG0's P.V does not wait for the fence.
+                self.publish_p()
+            warpgroup.wait_group(0)
+            self.loader.consumer_release(pipe_k, k_state)
+            k_state.advance()
+        return k_state
 
     @cute.jit
     def wg0_tiles_qk_ahead(self, wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV, tPsP, tScS,
