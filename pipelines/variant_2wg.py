@@ -53,11 +53,13 @@ class MLADecode2WG(MLADecodeBase):
     # L2 prefetch distance (TMA pages): each time a stage is refilled with tile t, the K producer warps
     # also prefetch tile t + l2_prefetch_ahead of the chunk into L2 (``paged_kv.TmaPagedKV.prefetch_tile``),
     # so that its load, issued when its stage frees, reads L2; the chunk's first loads prefetch the
-    # tiles after them. 0: off (the default: not measured in this form yet). A first form read each
-    # prefetch's page id right before issuing it, on the warp that also issues WG1's P.V; measured on an
-    # H100 it was 5.5% faster at b8 s1 h64 4096 and 6% slower at b64 s1 h128 1024 and b128 s1 h16 4096
-    # (docs/perf-notes.md, twelfth session). This form reads the page id a tile early, like the loads'.
-    # A class constant like kv_l2_hint (an A/B sets it on a subclass: scripts/entry_ab.py).
+    # tiles after them. 0: off (the default). A first form read each prefetch's page id right before
+    # issuing it, on the warp that also issues WG1's P.V; measured on an H100 it was 5.5% faster at b8 s1
+    # h64 4096 and 6% slower at b64 s1 h128 1024 and b128 s1 h16 4096 (docs/perf-notes.md, twelfth
+    # session). This form reads the page id a tile early, like the loads'; at 2 ahead, paired on an H100
+    # (twenty-third session): 0.986 at b1 s1 h128 16384, 0.993 at b8 s1 h64 4096, but 1.012-1.023 at b128
+    # s1 h128 4096 and 1.038-1.051 at b64 s1 h128 1024, so it stays off. A class constant like kv_l2_hint
+    # (an A/B sets it on a subclass: scripts/entry_ab.py).
     l2_prefetch_ahead = 0
     # Short chunks: when a chunk has at most this many K tiles, the K producer warps prefetch all of its
     # tiles after the first kv_stages into L2 when they issue the chunk's first loads (``load_chunk_head``),
@@ -101,9 +103,14 @@ class MLADecode2WG(MLADecodeBase):
     p_interleaved = True
     # WG0 issues the QK of tile t + 1 right behind its P.V of tile t, once WG1 has issued its own P.V of t
     # (BAR_PV_ISSUED), so the tensor pipe goes from both P.V halves straight into the next QK instead of
-    # idling through WG0's P.V wait, the stage release and the loop (``wg0_tiles_qk_ahead``). The tile
-    # t + 1 must then have landed about one P.V earlier. Off: measured slower on the nineteenth session's
-    # kernel (docs/perf-notes.md); kept as an option for A/Bs with deeper L2 prefetch. A class constant.
+    # idling through WG0's P.V wait, the stage release and the loop (``wg0_tiles_qk_ahead``). Off: paired
+    # on an H100 (twenty-third session) it is 1.11-1.15x at b128 s1 h128 4096, 1.07-1.08x at b64 s1 h128
+    # 1024 and 1.06x at b1 s1 h128 16384, and 1.11-1.13x at b128 s1 h128 4096 with every K tile an L2 hit
+    # (``scripts/l2_bound.py``), so the K loads are not what it loses to. Stamped (``scripts/segment_probe.py``)
+    # its tile's non-wgmma segments run about 540 cycles longer than in 2wg's order (softmax 831 against
+    # 584 cycles) with no wgmma in flight, at 252 registers against 212, where ptxas lays the softmax out
+    # twice in the loop: the lead a next attempt would follow (docs/perf-notes.md). Kept for that A/B; a
+    # class constant (the default SASS is byte-identical to the kernel without it).
     qk_ahead = False
     # With qk_ahead: whether WG0 waits for WG1's P.V issue (BAR_PV_ISSUED) before the next QK. False: the QK
     # goes right behind WG0's own P.V and WG1's P.V queues behind that QK, beside WG0's next softmax (the

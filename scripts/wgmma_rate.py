@@ -13,7 +13,11 @@ that stay in shared memory (zeros; the tensor cores' speed does not depend on th
   before each of those fences: the whole per-box sequence but the load;
 - ``pvqk``: one ``pv`` (P from registers with ``-rs``, as 2wg's WG0) then one ``qk`` (SS) per iteration, the
   QK issued right behind the P.V as a second commit group and both waited for together (``qk_ahead``'s order);
-  ``pvwqk``: the same with the P.V waited for before the QK is issued (the committed kernel's order).
+  ``pvwqk``: the same with the P.V waited for before the QK is issued (the committed kernel's order);
+- ``alu``: no wgmma: a softmax-like pass per iteration over 32 fp32 registers per thread (scale, max tree,
+  exp2, row sum, as WG0's softmax of a 64x64 tile), to time beside another warpgroup's wgmma on the same SM
+  sub-partitions (``alu-ss+pv-ss``: WG1 loops over P.V twice as many times as WG0's passes, so every pass
+  runs beside it). Printed for it: SM cycles per pass (median CTA), from WG0's own stamps.
 A case names what each warpgroup of the CTA runs, e.g. ``qk-ss`` (one warpgroup), ``qk-ss+qk-ss`` (two,
 same operands, each its own accumulator), ``qk-ss+pv-ss`` (the 2wg overlap a seesaw form wants).
 Printed per case: the tensor work per SM per microsecond and as a fraction of the dense bf16 peak
@@ -50,6 +54,8 @@ CHAINS = {"pvqk": ("pv", "qk"), "pvwqk": ("pv", "qk")}  # two products per itera
 
 
 def macs(kind: str) -> int:
+    if kind == "alu":
+        return 0
     if kind in CHAINS:
         return sum(macs(k) for k in CHAINS[kind])
     n, k = SHAPES[kind]
@@ -114,9 +120,11 @@ class WgmmaRate:
         cute.arch.fence_view_async_shared()
         cute.arch.sync_threads()
         wg = cute.arch.make_warp_uniform(tidx // 128)
+        with_alu = any(kind == "alu" for kind, _ in self.roles)
         for w in cutlass.range_constexpr(len(self.roles)):
             if wg == w:
-                self.run_role(self.roles[w], views, bar, tidx % 128, iters, out, bidx * nthreads + tidx)
+                n = iters * 2 if const_expr(with_alu and self.roles[w][0] != "alu") else iters
+                self.run_role(self.roles[w], views, bar, tidx % 128, n, out, bidx * nthreads + tidx)
 
     @cute.jit
     def stamp(self, out, slot: int):
@@ -134,6 +142,8 @@ class WgmmaRate:
         kind, rs = role
         if const_expr(kind in CHAINS):
             self.run_chain(role, views, wg_tidx, iters, out, gidx)
+        elif const_expr(kind == "alu"):
+            self.run_alu(wg_tidx, iters, out, gidx)
         else:
             self.run_one(role, views, bar, wg_tidx, iters, out, gidx)
 
@@ -177,6 +187,30 @@ class WgmmaRate:
         if gidx % (128 * len(self.roles)) == 0:
             self.stamp(out, 1)
         out[gidx] = acc_o[0] + acc_s[0]
+
+    @cute.jit
+    def run_alu(self, wg_tidx, iters, out, gidx):
+        """``alu``: ``iters`` softmax-like passes over 32 fp32 registers (module docstring)."""
+        x = cute.make_rmem_tensor(32, Float32)
+        for i in cutlass.range_constexpr(32):
+            x[i] = Float32(wg_tidx * 0.001 + i * 0.01)
+        total = Float32(0.0)
+        if gidx % (128 * len(self.roles)) == 0:
+            self.stamp(out, 0)
+        for it in cutlass.range(iters, unroll=1):
+            m = Float32(-1e30)
+            for i in cutlass.range_constexpr(32):
+                x[i] = x[i] * Float32(1.0001) + Float32(0.0001)
+                m = cute.arch.fmax(m, x[i])
+            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=1))
+            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=2))
+            for i in cutlass.range_constexpr(32):
+                e = cute.math.exp2(x[i] - m, fastmath=True)
+                total += e
+                x[i] = x[i] - e * Float32(0.001)
+        if gidx % (128 * len(self.roles)) == 0:
+            self.stamp(out, 1)
+        out[gidx] = total
 
     @cute.jit
     def run_one(self, role, views, bar, wg_tidx, iters, out, gidx):
@@ -259,6 +293,10 @@ def main(argv=None) -> int:
         st = out[words:].view(torch.int64).view(132, 2, 2).cpu().double()  # [cta, start/end, ns/clk]
         clk = float(((st[:, 1, 1] - st[:, 0, 1]) / (st[:, 1, 0] - st[:, 0, 0]) * 1e3).median())  # MHz, last call
         per_role = ", ".join(f"{k}-{'rs' if r else 'ss'} {macs(k) * args.iters / us / peak:.2f}" for k, r in roles)
+        if roles[0][0] == "alu":
+            cyc = float((st[:, 1, 1] - st[:, 0, 1]).median()) / args.iters
+            print(f"  {case:<14} WG0 alu pass: {cyc:.0f} SM cycles (median CTA)", flush=True)
+            continue
         print(f"  {case:<14} {us:9.1f} us  {rate / 1e3:7.0f}K MAC/us per SM = {rate / peak:.3f} of peak"
               f"  (each role alone at this time: {per_role}); SM clock in the kernel {clk:.0f} MHz: "
               f"{rate / (2048 * clk):.3f} of the peak at that clock", flush=True)
