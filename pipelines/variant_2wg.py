@@ -105,7 +105,7 @@ class MLADecode2WG(MLADecodeBase):
     # (BAR_PV_ISSUED), so the tensor pipe goes from both P.V halves straight into the next QK instead of
     # idling through WG0's P.V wait, the stage release and the loop (``wg0_tiles_qk_ahead``). Off: paired
     # on an H100 (twenty-third session) it is 1.11-1.15x at b128 s1 h128 4096, 1.07-1.08x at b64 s1 h128
-    # 1024 and 1.06x at b1 s1 h128 16384, and 1.11-1.13x at b128 s1 h128 4096 with every K tile an L2 hit
+    # 1024 and 1.06x at b1 s1 h128 16384, and 1.11-1.17x at b128 s1 h128 4096 with every K tile an L2 hit
     # (``scripts/l2_bound.py``), so the K loads are not what it loses to. Stamped (``scripts/segment_probe.py``)
     # its tile's non-wgmma segments run about 540 cycles longer than in 2wg's order (softmax 831 against
     # 584 cycles) with no wgmma in flight, at 252 registers against 212, where ptxas lays the softmax out
