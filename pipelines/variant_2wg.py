@@ -225,37 +225,46 @@ class MLADecode2WG(MLADecodeBase):
         """WG0's tiles of one chunk with the next tile's QK issued behind each P.V (``qk_ahead``).
 
         The chunk's first QK is issued before the loop; each tile runs its softmax on the S the previous
-        step left, issues its P.V (and publishes P), and if a tile follows waits for its stage and for
-        WG1's P.V issue (BAR_PV_ISSUED), issues the next QK into the same S registers (P has its own),
-        retires the P.V (``wait_group(1)``), releases the stage, then retires the QK. Every wgmma group
-        retires inside the branch that issued it (one in flight across a branch or loop iteration makes
+        step left, issues its P.V (and publishes P), waits for the next stage (and, with
+        ``qk_ahead_waits_pv``, for WG1's P.V issue: BAR_PV_ISSUED), issues the next QK into the same S
+        registers (P has its own), retires the P.V (``wait_group(1)``), releases the stage, then retires
+        the QK. The chunk's last tile is peeled off the loop, so the loop has no last-tile branch (that
+        branch kept S's registers live through the softmax and doubled the loop's code). Every wgmma group
+        retires inside the block that issued it (one in flight across a branch or loop iteration makes
         ptxas serialize every wgmma). Returns the consumer state past the chunk."""
         acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
+        last = stop
         if start < stop:
+            last = start + (stop - 1 - start) // self.split_cluster * self.split_cluster
             self.loader.consumer_wait(pipe_k, k_state)
             self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
             warpgroup.wait_group(0)
         k_next = k_state.clone()
         k_next.advance()
-        for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
+        for blk in cutlass.range(start, last, self.split_cluster, unroll=1):
             rP = self.wg0_softmax_p(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum,
                                     row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
             self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
             if const_expr(self.p_fence_after_pv):
                 self.publish_p()
-            if blk + self.split_cluster < stop:
-                self.loader.consumer_wait(pipe_k, k_next)
-                if const_expr(self.qk_ahead_waits_pv):
-                    cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
-                self.issue_qk(acc_s, tSrQ, tSrK, k_next.index)
-                warpgroup.wait_group(1)
-                self.loader.consumer_release(pipe_k, k_state)
-                warpgroup.wait_group(0)
-            else:
-                warpgroup.wait_group(0)
-                self.loader.consumer_release(pipe_k, k_state)
+            self.loader.consumer_wait(pipe_k, k_next)
+            if const_expr(self.qk_ahead_waits_pv):
+                cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
+            self.issue_qk(acc_s, tSrQ, tSrK, k_next.index)
+            warpgroup.wait_group(1)
+            self.loader.consumer_release(pipe_k, k_state)
+            warpgroup.wait_group(0)
             k_state.advance()
             k_next.advance()
+        if start < stop:
+            rP = self.wg0_softmax_p(acc_s, last, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum,
+                                    row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
+            self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
+            if const_expr(self.p_fence_after_pv):
+                self.publish_p()
+            warpgroup.wait_group(0)
+            self.loader.consumer_release(pipe_k, k_state)
+            k_state.advance()
         return k_state
 
     def p_tile_layout(self, dtype):
