@@ -108,9 +108,11 @@ class MLADecode2WG(MLADecodeBase):
     # 1024 and 1.06x at b1 s1 h128 16384, and 1.11-1.17x at b128 s1 h128 4096 with every K tile an L2 hit
     # (``scripts/l2_bound.py``), so the K loads are not what it loses to. Stamped (``scripts/segment_probe.py``)
     # its tile's non-wgmma segments run about 540 cycles longer than in 2wg's order (softmax 831 against
-    # 584 cycles) with no wgmma in flight, at 252 registers against 212, where ptxas lays the softmax out
-    # twice in the loop: the lead a next attempt would follow (docs/perf-notes.md). Kept for that A/B; a
-    # class constant (the default SASS is byte-identical to the kernel without it).
+    # 584 cycles) with no wgmma in flight. Peeling the chunk's last tile off the loop (as now: 224
+    # registers instead of 252, no last-tile path keeping S live) gained 2-4 points: 1.10-1.12x at b128 s1
+    # h128 4096, 1.07x at b64 s1 h128 1024, 1.02-1.03x at b1 s1 h128 16384. The rest is not explained
+    # (docs/perf-notes.md). Kept for that A/B; a class constant (the default SASS is byte-identical to the
+    # kernel without it).
     qk_ahead = False
     # With qk_ahead: whether WG0 waits for WG1's P.V issue (BAR_PV_ISSUED) before the next QK. False: the QK
     # goes right behind WG0's own P.V and WG1's P.V queues behind that QK, beside WG0's next softmax (the

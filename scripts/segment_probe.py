@@ -141,16 +141,19 @@ def probe_class(form: str):
             def wg0_tiles_qk_ahead(self, wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV, tPsP, tScS,
                                    acc_o, acc_o_mn, row_max, row_sum, row_scale, s_row_scale, sK, pipe_k, k_state,
                                    scale_log2):
+                # The library's loop (the chunk's last tile peeled off it) with the stamps.
                 on = wg_tidx == 0
                 acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
+                last_blk = stop
                 if start < stop:
+                    last_blk = start + (stop - 1 - start) // self.split_cluster * self.split_cluster
                     self.loader.consumer_wait(pipe_k, k_state)
                     self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
                     warpgroup.wait_group(0)
                 k_next = k_state.clone()
                 k_next.advance()
                 last = _clock()
-                for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
+                for blk in cutlass.range(start, last_blk, self.split_cluster, unroll=1):
                     rP, last = self.wg0_softmax_stamped(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max,
                                                         row_sum, row_scale, s_row_scale, sK, k_state, scale_log2,
                                                         wg_tidx, last, on)
@@ -160,31 +163,40 @@ def probe_class(form: str):
                     self.publish_p()
                     if on:
                         last = _segment(base, PUBLISH, last)
-                    if blk + self.split_cluster < stop:
-                        self.loader.consumer_wait(pipe_k, k_next)
-                        if on:
-                            last = _segment(base, K_WAIT, last)
-                        if const_expr(self.qk_ahead_waits_pv):
-                            cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
-                        if on:
-                            last = _segment(base, PVI_WAIT, last)
-                        self.issue_qk(acc_s, tSrQ, tSrK, k_next.index)
-                        if on:
-                            last = _segment(base, QK_ISSUE, last)
-                        warpgroup.wait_group(1)
-                        if on:
-                            last = _segment(base, PV0_RUN, last)
-                        self.loader.consumer_release(pipe_k, k_state)
-                        warpgroup.wait_group(0)
-                        if on:
-                            last = _segment(base, QK_LEFT, last)
-                    else:
-                        warpgroup.wait_group(0)
-                        self.loader.consumer_release(pipe_k, k_state)
-                        if on:
-                            last = _segment(base, PV0_RUN, last)
+                    self.loader.consumer_wait(pipe_k, k_next)
+                    if on:
+                        last = _segment(base, K_WAIT, last)
+                    if const_expr(self.qk_ahead_waits_pv):
+                        cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
+                    if on:
+                        last = _segment(base, PVI_WAIT, last)
+                    self.issue_qk(acc_s, tSrQ, tSrK, k_next.index)
+                    if on:
+                        last = _segment(base, QK_ISSUE, last)
+                    warpgroup.wait_group(1)
+                    if on:
+                        last = _segment(base, PV0_RUN, last)
+                    self.loader.consumer_release(pipe_k, k_state)
+                    warpgroup.wait_group(0)
+                    if on:
+                        last = _segment(base, QK_LEFT, last)
                     k_state.advance()
                     k_next.advance()
+                if start < stop:
+                    rP, last = self.wg0_softmax_stamped(acc_s, last_blk, seqlen, row_limit, tScS, tPsP, acc_o_mn,
+                                                        row_max, row_sum, row_scale, s_row_scale, sK, k_state,
+                                                        scale_log2, wg_tidx, last, on)
+                    self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
+                    if on:
+                        last = _segment(base, PV0_ISSUE, last)
+                    self.publish_p()
+                    if on:
+                        last = _segment(base, PUBLISH, last)
+                    warpgroup.wait_group(0)
+                    self.loader.consumer_release(pipe_k, k_state)
+                    if on:
+                        last = _segment(base, PV0_RUN, last)
+                    k_state.advance()
                 return k_state
 
         return Probed
