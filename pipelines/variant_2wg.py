@@ -199,6 +199,19 @@ class MLADecode2WG(MLADecodeBase):
         return rP
 
     @cute.jit
+    def wg0_softmax_pv(self, acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max, row_sum,
+                       row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx):
+        """WG0 from a tile's S to its P.V in flight: ``wg0_softmax_p``, then O[:, 0:256] += P.V with P from
+        registers (issued, not waited for), then the proxy fence and P_FULL with ``p_fence_after_pv``: P's
+        stores were issued before this P.V (its registers are not touched after the issue), and the fence
+        follows the issue so that WG0's P.V does not wait for it."""
+        rP = self.wg0_softmax_p(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum, row_scale,
+                                s_row_scale, sK, k_state, scale_log2, wg_tidx)
+        self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
+        if const_expr(self.p_fence_after_pv):
+            self.publish_p()
+
+    @cute.jit
     def wg0_tiles(self, wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV, tPsP, tScS, acc_o,
                   acc_o_mn, row_max, row_sum, row_scale, s_row_scale, sK, pipe_k, k_state, scale_log2):
         """WG0's tiles of one chunk: per tile, the stage wait, QK, softmax and P for WG1, its P.V, the stage
@@ -208,13 +221,8 @@ class MLADecode2WG(MLADecodeBase):
             acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
             self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
             warpgroup.wait_group(0)
-            rP = self.wg0_softmax_p(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum,
-                                    row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
-            self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
-            if const_expr(self.p_fence_after_pv):
-                # P's stores were issued before this P.V (its registers are not touched after the issue); the
-                # proxy fence and P_FULL follow the issue, so WG0's P.V does not wait for the fence.
-                self.publish_p()
+            self.wg0_softmax_pv(acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max, row_sum,
+                                row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
             warpgroup.wait_group(0)
             self.loader.consumer_release(pipe_k, k_state)
             k_state.advance()
@@ -244,11 +252,8 @@ class MLADecode2WG(MLADecodeBase):
         k_next = k_state.clone()
         k_next.advance()
         for blk in cutlass.range(start, last, self.split_cluster, unroll=1):
-            rP = self.wg0_softmax_p(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum,
-                                    row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
-            self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
-            if const_expr(self.p_fence_after_pv):
-                self.publish_p()
+            self.wg0_softmax_pv(acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max, row_sum,
+                                row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
             self.loader.consumer_wait(pipe_k, k_next)
             if const_expr(self.qk_ahead_waits_pv):
                 cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
@@ -259,11 +264,8 @@ class MLADecode2WG(MLADecodeBase):
             k_state.advance()
             k_next.advance()
         if start < stop:
-            rP = self.wg0_softmax_p(acc_s, last, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum,
-                                    row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
-            self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
-            if const_expr(self.p_fence_after_pv):
-                self.publish_p()
+            self.wg0_softmax_pv(acc_s, last, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max, row_sum,
+                                row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
             warpgroup.wait_group(0)
             self.loader.consumer_release(pipe_k, k_state)
             k_state.advance()

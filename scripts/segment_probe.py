@@ -106,6 +106,21 @@ def probe_class(form: str):
                 return rP, last
 
             @cute.jit
+            def stamped_softmax_pv(self, acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max,
+                                   row_sum, row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx, last, on):
+                """``MLADecode2WG.wg0_softmax_pv`` with the stamps; returns the last clock."""
+                rP, last = self.wg0_softmax_stamped(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max,
+                                                    row_sum, row_scale, s_row_scale, sK, k_state, scale_log2,
+                                                    wg_tidx, last, on)
+                self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
+                if on:
+                    last = _segment(base, PV0_ISSUE, last)
+                self.publish_p()
+                if on:
+                    last = _segment(base, PUBLISH, last)
+                return last
+
+            @cute.jit
             def wg0_tiles(self, wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV, tPsP, tScS, acc_o,
                           acc_o_mn, row_max, row_sum, row_scale, s_row_scale, sK, pipe_k, k_state, scale_log2):
                 on = wg_tidx == 0
@@ -121,15 +136,9 @@ def probe_class(form: str):
                     warpgroup.wait_group(0)
                     if on:
                         last = _segment(base, QK_RUN, last)
-                    rP, last = self.wg0_softmax_stamped(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max,
-                                                        row_sum, row_scale, s_row_scale, sK, k_state, scale_log2,
-                                                        wg_tidx, last, on)
-                    self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
-                    if on:
-                        last = _segment(base, PV0_ISSUE, last)
-                    self.publish_p()
-                    if on:
-                        last = _segment(base, PUBLISH, last)
+                    last = self.stamped_softmax_pv(acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn,
+                                                   row_max, row_sum, row_scale, s_row_scale, sK, k_state, scale_log2,
+                                                   wg_tidx, last, on)
                     warpgroup.wait_group(0)
                     if on:
                         last = _segment(base, PV0_RUN, last)
@@ -154,15 +163,9 @@ def probe_class(form: str):
                 k_next.advance()
                 last = _clock()
                 for blk in cutlass.range(start, last_blk, self.split_cluster, unroll=1):
-                    rP, last = self.wg0_softmax_stamped(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max,
-                                                        row_sum, row_scale, s_row_scale, sK, k_state, scale_log2,
-                                                        wg_tidx, last, on)
-                    self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
-                    if on:
-                        last = _segment(base, PV0_ISSUE, last)
-                    self.publish_p()
-                    if on:
-                        last = _segment(base, PUBLISH, last)
+                    last = self.stamped_softmax_pv(acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn,
+                                                   row_max, row_sum, row_scale, s_row_scale, sK, k_state, scale_log2,
+                                                   wg_tidx, last, on)
                     self.loader.consumer_wait(pipe_k, k_next)
                     if on:
                         last = _segment(base, K_WAIT, last)
@@ -183,15 +186,9 @@ def probe_class(form: str):
                     k_state.advance()
                     k_next.advance()
                 if start < stop:
-                    rP, last = self.wg0_softmax_stamped(acc_s, last_blk, seqlen, row_limit, tScS, tPsP, acc_o_mn,
-                                                        row_max, row_sum, row_scale, s_row_scale, sK, k_state,
-                                                        scale_log2, wg_tidx, last, on)
-                    self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
-                    if on:
-                        last = _segment(base, PV0_ISSUE, last)
-                    self.publish_p()
-                    if on:
-                        last = _segment(base, PUBLISH, last)
+                    last = self.stamped_softmax_pv(acc_s, last_blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn,
+                                                    row_max, row_sum, row_scale, s_row_scale, sK, k_state, scale_log2,
+                                                    wg_tidx, last, on)
                     warpgroup.wait_group(0)
                     self.loader.consumer_release(pipe_k, k_state)
                     if on:
