@@ -17,7 +17,9 @@ that stay in shared memory (zeros; the tensor cores' speed does not depend on th
 - ``alu``: no wgmma: a softmax-like pass per iteration over 32 fp32 registers per thread (scale, max tree,
   exp2, row sum, as WG0's softmax of a 64x64 tile), to time beside another warpgroup's wgmma on the same SM
   sub-partitions (``alu-ss+pv-ss``: WG1 loops over P.V twice as many times as WG0's passes, so every pass
-  runs beside it). Printed for it: SM cycles per pass (median CTA), from WG0's own stamps.
+  runs beside it). Printed for it: SM cycles per pass (median CTA), from WG0's own stamps;
+- ``lds``: no wgmma: 16-byte shared-memory loads in a loop (a warpgroup that keeps the shared-memory pipe
+  busy without the tensor cores), to time ``alu`` beside (``alu-ss+lds-ss``).
 A case names what each warpgroup of the CTA runs, e.g. ``qk-ss`` (one warpgroup), ``qk-ss+qk-ss`` (two,
 same operands, each its own accumulator), ``qk-ss+pv-ss`` (the 2wg overlap a seesaw form wants).
 Printed per case: the tensor work per SM per microsecond and as a fraction of the dense bf16 peak
@@ -54,7 +56,7 @@ CHAINS = {"pvqk": ("pv", "qk"), "pvwqk": ("pv", "qk")}  # two products per itera
 
 
 def macs(kind: str) -> int:
-    if kind == "alu":
+    if kind in ("alu", "lds"):
         return 0
     if kind in CHAINS:
         return sum(macs(k) for k in CHAINS[kind])
@@ -144,6 +146,8 @@ class WgmmaRate:
             self.run_chain(role, views, wg_tidx, iters, out, gidx)
         elif const_expr(kind == "alu"):
             self.run_alu(wg_tidx, iters, out, gidx)
+        elif const_expr(kind == "lds"):
+            self.run_lds(views, wg_tidx, iters, out, gidx)
         else:
             self.run_one(role, views, bar, wg_tidx, iters, out, gidx)
 
@@ -211,6 +215,21 @@ class WgmmaRate:
         if gidx % (128 * len(self.roles)) == 0:
             self.stamp(out, 1)
         out[gidx] = total
+
+    @cute.jit
+    def run_lds(self, views, wg_tidx, iters, out, gidx):
+        """``lds``: per iteration, 64 loads of 16 bytes per thread from the Q-like tile (module docstring)."""
+        sA, _ = views["qk"]
+        flat = cute.make_tensor(cute.recast_ptr(sA.iterator, dtype=cutlass.Int32), cute.make_layout(64 * 576 // 2))
+        acc = cutlass.Int32(0)
+        for it in cutlass.range(iters * 8, unroll=1):
+            for j in cutlass.range_constexpr(16):
+                v = cute.make_rmem_tensor(4, cutlass.Int32)
+                offset = cute.assume((wg_tidx * 4 + j * 512 + it * 4) % 18432, divby=4)
+                src = cute.make_tensor(flat.iterator + offset, cute.make_layout(4))
+                cute.autovec_copy(src, v)
+                acc = acc ^ v[0] ^ v[1] ^ v[2] ^ v[3]
+        out[gidx] = Float32(acc)
 
     @cute.jit
     def run_one(self, role, views, bar, wg_tidx, iters, out, gidx):
