@@ -233,6 +233,30 @@ def test_l2_prefetch_forms_issue_k_box_prefetches(attr, value, method):
     assert not getattr(off(cutlass_bf16(), 128, 1, 64, False), method)()
 
 
+@pytest.mark.parametrize("waits_pv", [True, False])
+def test_qk_ahead_issues_the_next_qk_behind_the_pv(waits_pv):
+    """``MLADecode2WG.qk_ahead`` (off by default, an A/B option): WG0 issues the next tile's QK (36 more
+    wgmma: the chunk's first QK before the loop, the next ones in it; the chunk's last P.V peeled, 4 more)
+    with its P.V still in flight (``wgmma.wait_group`` 1), and waits for WG1's P.V issue on the
+    ``BAR_PV_ISSUED`` named barrier only with ``qk_ahead_waits_pv``."""
+    import re
+
+    from pipelines.launch import DecodeConfig
+    from pipelines.variant_2wg import BAR_PV_ISSUED, MLADecode2WG
+
+    assert MLADecode2WG.qk_ahead is False and MLADecode2WG.qk_ahead_waits_pv is True
+    ahead = type("Ahead2WG", (MLADecode2WG,), {"qk_ahead": True, "qk_ahead_waits_pv": waits_pv})
+    conf = DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False)
+    ptx = {name: _entry_ptx(conf, cls) for name, cls in (("base", MLADecode2WG), ("ahead", ahead))}
+    count = {name: len(re.findall(r"wgmma\.mma_async", text)) for name, text in ptx.items()}
+    assert count["ahead"] == count["base"] + 36 + 4
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx["ahead"])
+    assert not re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx["base"])
+    named = re.compile(rf"\bbar(?:rier)?\.sync(?:\.aligned)?\s+{BAR_PV_ISSUED},")
+    assert bool(named.search(ptx["ahead"])) is waits_pv
+    assert not named.search(ptx["base"])
+
+
 def test_dependent_launch_order_in_sass():
     """The decode kernel's griddepcontrol.wait (ACQBULK) must precede its first global access and its
     launch_dependents (PREEXIT); other kernels in the cubin (the merge) are not held to it."""
