@@ -18,6 +18,10 @@ that stay in shared memory (zeros; the tensor cores' speed does not depend on th
   exp2, row sum, as WG0's softmax of a 64x64 tile), to time beside another warpgroup's wgmma on the same SM
   sub-partitions (``alu-ss+pv-ss``: WG1 loops over P.V twice as many times as WG0's passes, so every pass
   runs beside it). Printed for it: SM cycles per pass (median CTA), from WG0's own stamps;
+- ``falu``: ``alu`` on the FMA pipe alone: no shuffles, and a cubic in FFMA where ``alu`` has ``MUFU.EX2``
+  (the values are not an exponential; only the instruction mix matters): whether what slows ``alu`` beside
+  a wgmma is its MUFU and shuffle instructions (which go through the SM's MIO queue with shared-memory
+  traffic) or every instruction;
 - ``lds``: no wgmma: 16-byte shared-memory loads in a loop (a warpgroup that keeps the shared-memory pipe
   busy without the tensor cores), to time ``alu`` beside (``alu-ss+lds-ss``).
 A case names what each warpgroup of the CTA runs, e.g. ``qk-ss`` (one warpgroup), ``qk-ss+qk-ss`` (two,
@@ -56,7 +60,7 @@ CHAINS = {"pvqk": ("pv", "qk"), "pvwqk": ("pv", "qk")}  # two products per itera
 
 
 def macs(kind: str) -> int:
-    if kind in ("alu", "lds"):
+    if kind in ("alu", "falu", "lds"):
         return 0
     if kind in CHAINS:
         return sum(macs(k) for k in CHAINS[kind])
@@ -122,10 +126,10 @@ class WgmmaRate:
         cute.arch.fence_view_async_shared()
         cute.arch.sync_threads()
         wg = cute.arch.make_warp_uniform(tidx // 128)
-        with_alu = any(kind == "alu" for kind, _ in self.roles)
+        with_alu = any(kind in ("alu", "falu") for kind, _ in self.roles)
         for w in cutlass.range_constexpr(len(self.roles)):
             if wg == w:
-                n = iters * 2 if const_expr(with_alu and self.roles[w][0] != "alu") else iters
+                n = iters * 2 if const_expr(with_alu and self.roles[w][0] not in ("alu", "falu")) else iters
                 self.run_role(self.roles[w], views, bar, tidx % 128, n, out, bidx * nthreads + tidx)
 
     @cute.jit
@@ -144,8 +148,8 @@ class WgmmaRate:
         kind, rs = role
         if const_expr(kind in CHAINS):
             self.run_chain(role, views, wg_tidx, iters, out, gidx)
-        elif const_expr(kind == "alu"):
-            self.run_alu(wg_tidx, iters, out, gidx)
+        elif const_expr(kind in ("alu", "falu")):
+            self.run_alu(wg_tidx, iters, out, gidx, kind == "alu")
         elif const_expr(kind == "lds"):
             self.run_lds(views, wg_tidx, iters, out, gidx)
         else:
@@ -193,8 +197,8 @@ class WgmmaRate:
         out[gidx] = acc_o[0] + acc_s[0]
 
     @cute.jit
-    def run_alu(self, wg_tidx, iters, out, gidx):
-        """``alu``: ``iters`` softmax-like passes over 32 fp32 registers (module docstring)."""
+    def run_alu(self, wg_tidx, iters, out, gidx, mio: cutlass.Constexpr[bool]):
+        """``alu`` (``mio``) / ``falu``: ``iters`` softmax-like passes over 32 fp32 registers (module docstring)."""
         x = cute.make_rmem_tensor(32, Float32)
         for i in cutlass.range_constexpr(32):
             x[i] = Float32(wg_tidx * 0.001 + i * 0.01)
@@ -206,10 +210,16 @@ class WgmmaRate:
             for i in cutlass.range_constexpr(32):
                 x[i] = x[i] * Float32(1.0001) + Float32(0.0001)
                 m = cute.arch.fmax(m, x[i])
-            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=1))
-            m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=2))
+            if const_expr(mio):
+                m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=1))
+                m = cute.arch.fmax(m, cute.arch.shuffle_sync_bfly(m, offset=2))
             for i in cutlass.range_constexpr(32):
-                e = cute.math.exp2(x[i] - m, fastmath=True)
+                d = x[i] - m
+                e = Float32(0.0)
+                if const_expr(mio):
+                    e = cute.math.exp2(d, fastmath=True)
+                else:
+                    e = d * (d * (d * Float32(0.077) + Float32(0.228)) + Float32(0.695)) + Float32(1.0)
                 total += e
                 x[i] = x[i] - e * Float32(0.001)
         if gidx % (128 * len(self.roles)) == 0:
@@ -312,7 +322,7 @@ def main(argv=None) -> int:
         st = out[words:].view(torch.int64).view(132, 2, 2).cpu().double()  # [cta, start/end, ns/clk]
         clk = float(((st[:, 1, 1] - st[:, 0, 1]) / (st[:, 1, 0] - st[:, 0, 0]) * 1e3).median())  # MHz, last call
         per_role = ", ".join(f"{k}-{'rs' if r else 'ss'} {macs(k) * args.iters / us / peak:.2f}" for k, r in roles)
-        if roles[0][0] == "alu":
+        if roles[0][0] in ("alu", "falu"):
             cyc = float((st[:, 1, 1] - st[:, 0, 1]).median()) / args.iters
             print(f"  {case:<14} WG0 alu pass: {cyc:.0f} SM cycles (median CTA)", flush=True)
             continue
