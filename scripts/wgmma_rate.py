@@ -22,6 +22,10 @@ that stay in shared memory (zeros; the tensor cores' speed does not depend on th
   (the values are not an exponential; only the instruction mix matters): whether what slows ``alu`` beside
   a wgmma is its MUFU and shuffle instructions (which go through the SM's MIO queue with shared-memory
   traffic) or every instruction;
+- ``bulk``: no wgmma: the warpgroup's thread 0 keeps the async copy engine writing into shared memory, 64 KB
+  per round (8 ``cp.async.bulk`` copies of 8 KB from global memory, L2-resident, into the Q-like tile, then
+  an mbarrier wait), twice as many rounds as ``alu``'s passes: what a TMA K refill landing beside the
+  softmax does to it (``alu-ss+bulk-ss``);
 - ``lds``: no wgmma: 16-byte shared-memory loads in a loop (a warpgroup that keeps the shared-memory pipe
   busy without the tensor cores), to time ``alu`` beside (``alu-ss+lds-ss``).
 A case names what each warpgroup of the CTA runs, e.g. ``qk-ss`` (one warpgroup), ``qk-ss+qk-ss`` (two,
@@ -60,7 +64,7 @@ CHAINS = {"pvqk": ("pv", "qk"), "pvwqk": ("pv", "qk")}  # two products per itera
 
 
 def macs(kind: str) -> int:
-    if kind in ("alu", "falu", "lds"):
+    if kind in ("alu", "falu", "lds", "bulk"):
         return 0
     if kind in CHAINS:
         return sum(macs(k) for k in CHAINS[kind])
@@ -92,6 +96,7 @@ class WgmmaRate:
             pa: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(sPA_layout)], 1024]
             pb: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(sPB_layout)], 1024]
             bar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, 1], 8]
+            bulk_bar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, 1], 8]
 
         self.storage = Storage
         self.kernel(out, iters, sA_layout, sB_layout, sPA_layout, sPB_layout).launch(
@@ -117,8 +122,10 @@ class WgmmaRate:
                 for i in cutlass.range(tidx, cute.cosize(t.layout), nthreads, unroll=1):
                     flat[i] = BF16(0.0)
         bar = storage.bar.data_ptr()
+        bulk_bar = storage.bulk_bar.data_ptr()
         if tidx == 0:
             cute.arch.mbarrier_init(bar, 1)
+            cute.arch.mbarrier_init(bulk_bar, 1)
         cute.arch.mbarrier_init_fence()
         cute.arch.sync_threads()
         if tidx == 0:
@@ -130,7 +137,10 @@ class WgmmaRate:
         for w in cutlass.range_constexpr(len(self.roles)):
             if wg == w:
                 n = iters * 2 if const_expr(with_alu and self.roles[w][0] not in ("alu", "falu")) else iters
-                self.run_role(self.roles[w], views, bar, tidx % 128, n, out, bidx * nthreads + tidx)
+                if const_expr(self.roles[w][0] == "bulk"):
+                    self.run_bulk(views, bulk_bar, tidx % 128, n, out)
+                else:
+                    self.run_role(self.roles[w], views, bar, tidx % 128, n, out, bidx * nthreads + tidx)
 
     @cute.jit
     def stamp(self, out, slot: int):
@@ -227,6 +237,25 @@ class WgmmaRate:
         out[gidx] = total
 
     @cute.jit
+    def run_bulk(self, views, bulk_bar, wg_tidx, iters, out):
+        """``bulk``: ``iters`` rounds of 64 KB of async bulk copies into shared memory (module docstring)."""
+        sA, _ = views["qk"]
+        bidx, _, _ = cute.arch.block_idx()
+        dst = sA.iterator.toint()
+        src = out.iterator.toint() + cutlass.Int64(bidx % 3) * 65536
+        phase = cutlass.Int32(0)
+        for _ in cutlass.range(iters, unroll=1):
+            if wg_tidx == 0:
+                cute.arch.mbarrier_arrive_and_expect_tx(bulk_bar, 65536)
+                for c in cutlass.range_constexpr(8):
+                    llvm.inline_asm(None, [(dst + c * 8192).ir_value(), (src + c * 8192).ir_value(),
+                                           bulk_bar.toint().ir_value()],
+                                    "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [$0], [$1], 8192, [$2];",
+                                    "r,l,r", has_side_effects=True)
+                cute.arch.mbarrier_wait(bulk_bar, phase)
+            phase = phase ^ 1
+
+    @cute.jit
     def run_lds(self, views, wg_tidx, iters, out, gidx):
         """``lds``: per iteration, 64 loads of 16 bytes per thread from the Q-like tile (module docstring)."""
         sA, _ = views["qk"]
@@ -302,7 +331,8 @@ def main(argv=None) -> int:
     for case in cases:
         roles = parse_case(case)
         words = 132 * 128 * len(roles)
-        out = torch.zeros(words + 132 * 4 * 2, dtype=torch.float32, device="cuda")  # + 4 u64 stamps per CTA
+        # + 4 u64 stamps per CTA, and room for ``bulk``'s reads (three 64 KB windows from the start)
+        out = torch.zeros(max(words + 132 * 4 * 2, 3 * 65536 // 4 + 65536 // 4), dtype=torch.float32, device="cuda")
         fake = make_fake_tensor(Float32, (cute.sym_int32(),), (1,), assumed_align=16)
         stream = cute.runtime.make_fake_stream(use_tvm_ffi_env_stream=True)
         fn = cute.compile(WgmmaRate(roles), fake, Int32(1), stream, options=TVM_FFI_OPTION)
