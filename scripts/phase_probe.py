@@ -42,7 +42,7 @@ from cutlass._mlir.dialects import llvm  # noqa: E402
 from cutlass.cute.nvgpu import warpgroup  # noqa: E402
 
 from pipelines.variant_2wg import MLADecode2WG  # noqa: E402
-from probe_setup import cta_row  # noqa: E402
+from probe_setup import cta_row, hook_loader  # noqa: E402
 
 EVENTS = ("qk issue", "qk done", "hand", "handed", "pv0 issue", "pv0 done", "pv1 issue", "pv1 done", "k wait")
 QK_ISSUE, QK_DONE, HAND, HANDED, PV0_ISSUE, PV0_DONE, PV1_ISSUE, PV1_DONE, K_WAIT = range(len(EVENTS))
@@ -73,25 +73,22 @@ def probe_class(base: int):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
 
-            class StampedLoader(type(self.loader)):
-                @cute.jit
-                def consumer_release(self, pipe, state):
-                    # Both warpgroups release a K stage right after waiting for their P.V of it.
-                    tidx, _, _ = cute.arch.thread_idx()
-                    if tidx == 0:
-                        _add_clock(base, PV0_DONE)
-                    if tidx == 128:
-                        _add_clock(base, PV1_DONE)
-                    super().consumer_release(pipe, state)
+            @cute.jit
+            def released():
+                # Both warpgroups release a K stage right after waiting for their P.V of it.
+                tidx, _, _ = cute.arch.thread_idx()
+                if tidx == 0:
+                    _add_clock(base, PV0_DONE)
+                if tidx == 128:
+                    _add_clock(base, PV1_DONE)
 
-                @cute.jit
-                def consumer_wait(self, pipe, state):
-                    tidx, _, _ = cute.arch.thread_idx()
-                    if tidx == 0:
-                        _add_clock(base, K_WAIT)
-                    super().consumer_wait(pipe, state)
+            @cute.jit
+            def waiting():
+                tidx, _, _ = cute.arch.thread_idx()
+                if tidx == 0:
+                    _add_clock(base, K_WAIT)
 
-            self.loader.__class__ = StampedLoader
+            hook_loader(self, released, waiting)
 
         @cute.jit
         def issue_qk(self, acc_s, tSrQ, tSrK, stage):

@@ -1,5 +1,6 @@
 """Setup shared by the diagnostics that compile the library's decode entry with a kernel class of their own
-(``scripts/phase_probe.py``, ``scripts/mode_probe.py``, ``scripts/timeline.py``). Needs a GPU."""
+(``scripts/phase_probe.py``, ``scripts/segment_probe.py``, ``scripts/mode_probe.py``, ``scripts/timeline.py``).
+Needs a GPU, but for ``cta_row`` and ``hook_loader``, which run while a kernel is traced."""
 from __future__ import annotations
 
 
@@ -12,6 +13,29 @@ def cta_row(base: int, slots: int):
     bx, by, _ = cute.arch.block_idx()
     gx, _, _ = cute.arch.grid_dim()
     return cutlass.Int64(base) + (cutlass.Int64(by) * cutlass.Int64(gx) + cutlass.Int64(bx)) * slots * 8
+
+
+def hook_loader(kernel, release=None, wait=None) -> None:
+    """Give ``kernel``'s K loader (``kernel.loader``, in the kernel's ``__init__``) a subclass whose
+    ``consumer_release`` / ``consumer_wait`` first call ``release()`` / ``wait()`` (``cute.jit`` functions
+    without arguments, traced inside the kernel; None: no hook)."""
+    import cutlass.cute as cute
+    from cutlass import const_expr
+
+    class Hooked(type(kernel.loader)):
+        @cute.jit
+        def consumer_release(self, pipe, state):
+            if const_expr(release is not None):
+                release()
+            super().consumer_release(pipe, state)
+
+        @cute.jit
+        def consumer_wait(self, pipe, state):
+            if const_expr(wait is not None):
+                wait()
+            super().consumer_wait(pipe, state)
+
+    kernel.loader.__class__ = Hooked
 
 
 def planned_entry(cfg, variant: str = "2wg"):

@@ -34,7 +34,7 @@ from pipelines import layouts  # noqa: E402
 from pipelines.skeleton import BLOCK_M, BLOCK_N  # noqa: E402
 from pipelines import softmax  # noqa: E402
 from pipelines.variant_2wg import BAR_PV_ISSUED, BAR_WG0, HALF, MLADecode2WG  # noqa: E402
-from probe_setup import cta_row  # noqa: E402
+from probe_setup import cta_row, hook_loader  # noqa: E402
 
 SEGMENTS = ("k wait", "qk issue", "qk run", "softmax + bf16", "P_EMPTY, P stores, rescale", "pv0 issue",
             "fence + P_FULL", "PV_ISSUED wait", "pv0 run (to its retire)", "release + qk run left")
@@ -70,15 +70,13 @@ def probe_class(form: str):
             def __init__(self, *args, **kwargs):
                 super().__init__(*args, **kwargs)
 
-                class StampedLoader(type(self.loader)):
-                    @cute.jit
-                    def consumer_release(self, pipe, state):
-                        tidx, _, _ = cute.arch.thread_idx()
-                        if tidx == 128:  # WG1 releases right after its P.V retired
-                            _segment(base, PV1_DONE, cutlass.Int64(0))
-                        super().consumer_release(pipe, state)
+                @cute.jit
+                def released():
+                    tidx, _, _ = cute.arch.thread_idx()
+                    if tidx == 128:  # WG1 releases right after its P.V retired
+                        _segment(base, PV1_DONE, cutlass.Int64(0))
 
-                self.loader.__class__ = StampedLoader
+                hook_loader(self, release=released)
 
             @cute.jit
             def issue_pv(self, acc_o, tOrP, tOrV, stage, p_in_registers: cutlass.Constexpr[bool] = False):
