@@ -137,27 +137,27 @@ class WgmmaRate:
         for w in cutlass.range_constexpr(len(self.roles)):
             if wg == w:
                 n = iters * 2 if const_expr(with_alu and self.roles[w][0] not in ("alu", "falu")) else iters
-                if const_expr(self.roles[w][0] == "bulk"):
-                    self.run_bulk(views, bulk_bar, tidx % 128, n, out)
-                else:
-                    self.run_role(self.roles[w], views, bar, tidx % 128, n, out, bidx * nthreads + tidx)
+                self.run_role(self.roles[w], views, bar, bulk_bar, tidx % 128, n, out, bidx * nthreads + tidx)
 
     @cute.jit
-    def stamp(self, out, slot: int):
-        """%globaltimer and %clock64 of this CTA into ``out``'s stamp area (after the per-thread words),
-        by the caller's thread."""
-        bidx, _, _ = cute.arch.block_idx()
-        addr = out.iterator.toint() + cutlass.Int64(132 * 128 * len(self.roles) * 4) \
-            + (cutlass.Int64(bidx) * 4 + slot * 2) * 8
-        llvm.inline_asm(None, [addr.ir_value()],
-                        "{\n.reg .u64 t, c;\nmov.u64 t, %globaltimer;\nmov.u64 c, %clock64;\n"
-                        "st.global.u64 [$0], t;\nst.global.u64 [$0+8], c;\n}", "l", has_side_effects=True)
+    def stamp(self, out, slot: int, gidx):
+        """%globaltimer and %clock64 of this CTA into ``out``'s stamp area (after the per-thread words), by
+        the CTA's thread 0 (the first role's; ``gidx``: the caller's global thread index)."""
+        if gidx % (128 * len(self.roles)) == 0:
+            bidx, _, _ = cute.arch.block_idx()
+            addr = out.iterator.toint() + cutlass.Int64(132 * 128 * len(self.roles) * 4) \
+                + (cutlass.Int64(bidx) * 4 + slot * 2) * 8
+            llvm.inline_asm(None, [addr.ir_value()],
+                            "{\n.reg .u64 t, c;\nmov.u64 t, %globaltimer;\nmov.u64 c, %clock64;\n"
+                            "st.global.u64 [$0], t;\nst.global.u64 [$0+8], c;\n}", "l", has_side_effects=True)
 
     @cute.jit
-    def run_role(self, role, views, bar, wg_tidx, iters, out, gidx):
+    def run_role(self, role, views, bar, bulk_bar, wg_tidx, iters, out, gidx):
         kind, rs = role
-        if const_expr(kind in CHAINS):
-            self.run_chain(role, views, wg_tidx, iters, out, gidx)
+        if const_expr(kind == "bulk"):
+            self.run_bulk(views, bulk_bar, wg_tidx, iters, out)
+        elif const_expr(kind in CHAINS):
+            self.run_chain(role, views, bar, wg_tidx, iters, out, gidx)
         elif const_expr(kind in ("alu", "falu")):
             self.run_alu(wg_tidx, iters, out, gidx, kind == "alu")
         elif const_expr(kind == "lds"):
@@ -166,44 +166,52 @@ class WgmmaRate:
             self.run_one(role, views, bar, wg_tidx, iters, out, gidx)
 
     @cute.jit
-    def run_chain(self, role, views, wg_tidx, iters, out, gidx):
+    def operands(self, kind: str, rs: bool, views, wg_tidx):
+        """``(mma, tA, tB, acc)`` of product ``kind`` for this warpgroup thread: A from shared memory or, with
+        ``rs``, from registers (zeros), B from shared memory, the accumulator zeroed."""
+        sA, sB = views[kind]
+        mma = self.tiled_mma(kind, rs)
+        thr = mma.get_slice(wg_tidx)
+        tB = thr.make_fragment_B(thr.partition_B(sB))
+        n, _ = SHAPES[kind]
+        acc = cute.make_rmem_tensor(thr.partition_shape_C((64, n)), Float32)
+        acc.fill(0.0)
+        tA = thr.make_fragment_A(thr.partition_A(sA))
+        if const_expr(rs):
+            tA.fill(0.0)
+        return mma, tA, tB, acc
+
+    @cute.jit
+    def issue(self, kind: str, mma, tA, tB, acc, bar, fence: cutlass.Constexpr[bool] = True):
+        """One product as one commit group (not waited for), after a ``wgmma.fence`` unless ``fence`` is
+        False (a group issued right behind another with no wait between); ``qkf`` / ``qkb`` with their
+        per-box fences and waits (module docstring)."""
+        if const_expr(fence):
+            warpgroup.fence()
+        for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
+            if const_expr(kind in ("qkf", "qkb") and k > 0 and k % 4 == 0):
+                if const_expr(kind == "qkb"):
+                    cute.arch.mbarrier_wait(bar, 0)
+                warpgroup.fence()
+            mma.set(warpgroup.Field.ACCUMULATE, True)
+            cute.gemm(mma, acc, tA[None, None, k], tB[None, None, k], acc)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def run_chain(self, role, views, bar, wg_tidx, iters, out, gidx):
         """``pvqk`` / ``pvwqk``: P.V (A from registers with ``rs``) then QK (SS) per iteration, as two commit
         groups, with (``pvwqk``) or without (``pvqk``) a wait for the P.V before the QK's issue."""
         kind, rs = role
-        pv_mma = self.tiled_mma("pv", rs)
-        qk_mma = self.tiled_mma("qk", False)
-        pv_thr = pv_mma.get_slice(wg_tidx)
-        qk_thr = qk_mma.get_slice(wg_tidx)
-        sPA, sPB = views["pv"]
-        sA, sB = views["qk"]
-        tPA = pv_thr.make_fragment_A(pv_thr.partition_A(sPA))
-        if const_expr(rs):
-            tPA.fill(0.0)
-        tPB = pv_thr.make_fragment_B(pv_thr.partition_B(sPB))
-        tA = qk_thr.make_fragment_A(qk_thr.partition_A(sA))
-        tB = qk_thr.make_fragment_B(qk_thr.partition_B(sB))
-        acc_o = cute.make_rmem_tensor(pv_thr.partition_shape_C((64, 256)), Float32)
-        acc_s = cute.make_rmem_tensor(qk_thr.partition_shape_C((64, 64)), Float32)
-        acc_o.fill(0.0)
-        acc_s.fill(0.0)
-        if gidx % (128 * len(self.roles)) == 0:
-            self.stamp(out, 0)
+        pv_mma, tPA, tPB, acc_o = self.operands("pv", rs, views, wg_tidx)
+        qk_mma, tA, tB, acc_s = self.operands("qk", False, views, wg_tidx)
+        self.stamp(out, 0, gidx)
         for _ in cutlass.range(iters, unroll=1):
-            warpgroup.fence()
-            for k in cutlass.range_constexpr(cute.size(tPA, mode=[2])):
-                pv_mma.set(warpgroup.Field.ACCUMULATE, True)
-                cute.gemm(pv_mma, acc_o, tPA[None, None, k], tPB[None, None, k], acc_o)
-            warpgroup.commit_group()
+            self.issue("pv", pv_mma, tPA, tPB, acc_o, bar)
             if const_expr(kind == "pvwqk"):
                 warpgroup.wait_group(0)
-                warpgroup.fence()
-            for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-                qk_mma.set(warpgroup.Field.ACCUMULATE, True)
-                cute.gemm(qk_mma, acc_s, tA[None, None, k], tB[None, None, k], acc_s)
-            warpgroup.commit_group()
+            self.issue("qk", qk_mma, tA, tB, acc_s, bar, fence=kind == "pvwqk")
             warpgroup.wait_group(0)
-        if gidx % (128 * len(self.roles)) == 0:
-            self.stamp(out, 1)
+        self.stamp(out, 1, gidx)
         out[gidx] = acc_o[0] + acc_s[0]
 
     @cute.jit
@@ -213,8 +221,7 @@ class WgmmaRate:
         for i in cutlass.range_constexpr(32):
             x[i] = Float32(wg_tidx * 0.001 + i * 0.01)
         total = Float32(0.0)
-        if gidx % (128 * len(self.roles)) == 0:
-            self.stamp(out, 0)
+        self.stamp(out, 0, gidx)
         for it in cutlass.range(iters, unroll=1):
             m = Float32(-1e30)
             for i in cutlass.range_constexpr(32):
@@ -232,8 +239,7 @@ class WgmmaRate:
                     e = d * (d * (d * Float32(0.077) + Float32(0.228)) + Float32(0.695)) + Float32(1.0)
                 total += e
                 x[i] = x[i] - e * Float32(0.001)
-        if gidx % (128 * len(self.roles)) == 0:
-            self.stamp(out, 1)
+        self.stamp(out, 1, gidx)
         out[gidx] = total
 
     @cute.jit
@@ -273,33 +279,12 @@ class WgmmaRate:
     @cute.jit
     def run_one(self, role, views, bar, wg_tidx, iters, out, gidx):
         kind, rs = role
-        sA, sB = views[kind]
-        mma = self.tiled_mma(kind, rs)
-        thr = mma.get_slice(wg_tidx)
-        tB = thr.make_fragment_B(thr.partition_B(sB))
-        n, _ = SHAPES[kind]
-        acc = cute.make_rmem_tensor(thr.partition_shape_C((64, n)), Float32)
-        acc.fill(0.0)
-        if const_expr(rs):
-            tA = thr.make_fragment_A(thr.partition_A(sA))
-            tA.fill(0.0)
-        else:
-            tA = thr.make_fragment_A(thr.partition_A(sA))
-        if gidx % (128 * len(self.roles)) == 0:
-            self.stamp(out, 0)
+        mma, tA, tB, acc = self.operands(kind, rs, views, wg_tidx)
+        self.stamp(out, 0, gidx)
         for _ in cutlass.range(iters, unroll=1):
-            warpgroup.fence()
-            for k in cutlass.range_constexpr(cute.size(tA, mode=[2])):
-                if const_expr(kind in ("qkf", "qkb") and k > 0 and k % 4 == 0):
-                    if const_expr(kind == "qkb"):
-                        cute.arch.mbarrier_wait(bar, 0)
-                    warpgroup.fence()
-                mma.set(warpgroup.Field.ACCUMULATE, True)
-                cute.gemm(mma, acc, tA[None, None, k], tB[None, None, k], acc)
-            warpgroup.commit_group()
+            self.issue(kind, mma, tA, tB, acc, bar)
             warpgroup.wait_group(0)
-        if gidx % (128 * len(self.roles)) == 0:
-            self.stamp(out, 1)
+        self.stamp(out, 1, gidx)
         out[gidx] = acc[0]
 
 
