@@ -334,7 +334,7 @@ def main(argv=None) -> int:
         us = sorted(times)[len(times) // 2]
         work = sum(macs(kind) for kind, _ in roles) * args.iters  # per SM
         rate = work / us
-        st = out[words:].view(torch.int64).view(132, 2, 2).cpu().double()  # [cta, start/end, ns/clk]
+        st = out[words:words + 132 * 4 * 2].view(torch.int64).view(132, 2, 2).cpu().double()  # [cta, start/end, ns/clk]
         clk = float(((st[:, 1, 1] - st[:, 0, 1]) / (st[:, 1, 0] - st[:, 0, 0]) * 1e3).median())  # MHz, last call
         per_role = ", ".join(f"{k}-{'rs' if r else 'ss'} {macs(k) * args.iters / us / peak:.2f}" for k, r in roles)
         if roles[0][0] in ("alu", "falu"):
