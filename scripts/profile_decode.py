@@ -4,7 +4,9 @@
         python scripts/profile_decode.py --config 64,128,1,128,4096 [--pipeline 2wg] [--calls 3]
 
 ``--config page,b,s_q,h_q,seqlen`` (bf16, uniform lengths, pages in a random order as the perf table
-builds them). The decode runs ``--calls`` times with a synchronisation after each, so that a profiler
+builds them). ``--mode M`` (one of ``scripts/entry_ab.py``'s modes) runs that kernel form on the 2wg plan
+instead of the library's decoder (the graphs replayed directly, so the profiler sees the decode and merge
+kernels of each replay). The decode runs ``--calls`` times with a synchronisation after each, so that a profiler
 that skips the first launches (compilation, warm-up) sees a steady-state launch.
 """
 from __future__ import annotations
@@ -22,6 +24,7 @@ def main(argv=None) -> int:
     ap.add_argument("--config", required=True, help="page,b,s_q,h_q,seqlen")
     ap.add_argument("--pipeline", default="2wg")
     ap.add_argument("--calls", type=int, default=3)
+    ap.add_argument("--mode", help="a kernel form of scripts/entry_ab.py (its MODES)")
     args = ap.parse_args(argv)
 
     import torch
@@ -33,6 +36,18 @@ def main(argv=None) -> int:
     page, b, s_q, h_q, seqlen = (int(x) for x in args.config.split(","))
     cfg = Config(page_size=page, b=b, s_q=s_q, h_q=h_q, seqlen=seqlen)
     inp = bench.make_inputs(cfg)
+    if args.mode:
+        from entry_ab import mode_entries
+
+        dec = mla.MLADecoder(pipeline="2wg")
+        dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1, page_size=cfg.page_size,
+                 dtype=inp.q.dtype, causal=cfg.causal)
+        graphs, _ = bench.capture_entries(mode_entries(dec, [args.mode], {}), inp, dec)
+        for _ in range(args.calls):
+            graphs[args.mode].replay()
+            torch.cuda.synchronize()
+        print(f"{args.config}: {args.calls} replays of mode {args.mode}")
+        return 0
     fn = bench.make_decode_fn(mla, args.pipeline, cfg, inp)
     for _ in range(args.calls):
         fn()
