@@ -22,6 +22,7 @@ from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
 from pipelines import layouts, paged_kv, softmax
+from pipelines.paged_kv import COL_BLOCK
 from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, MLADecodeBase
 
 # named barrier ids (0 is __syncthreads)
@@ -31,6 +32,12 @@ BAR_WG0 = 3
 BAR_WG1 = 4
 BAR_PV_ISSUED = 5  # qk_ahead: WG1 arrives once its P.V of a tile is issued; WG0 waits before the next QK
 HALF = HEAD_DIM_V // 2
+# ``kv_groups = 2``: a K stage's 64-column blocks in two groups with their own barriers. Group A is V's left
+# half, which only WG0 reads (its QK and its P.V); group B is V's right half and the RoPE block (WG0's QK,
+# WG1's P.V).
+A_COLS = (0, 1, 2, 3)
+B_COLS = (4, 5, 6, 7, 8)
+K_STEPS_PER_BLOCK = COL_BLOCK // 16  # QK's k16 steps per 64-column block
 
 
 class MLADecode2WG(MLADecodeBase):
@@ -118,6 +125,95 @@ class MLADecode2WG(MLADecodeBase):
     # goes right behind WG0's own P.V and WG1's P.V queues behind that QK, beside WG0's next softmax (the
     # twelfth session's form); the stage of t is then released a QK later. A class constant.
     qk_ahead_waits_pv = True
+    # 2: each K stage fills in two column groups (A_COLS, B_COLS) on their own full and empty barriers, so
+    # V's left half (group A, read by WG0 alone) is refilled as soon as WG0's P.V of the tile retired,
+    # instead of after WG1's P.V too (about 600 cycles later); WG0 releases group B once its QK retired and
+    # starts each QK on group A. No cluster (a refill by one CTA would need the peer's release), TMA pages.
+    # 1: one barrier pair per stage. A class constant (``MLADecodeBase.kv_groups``).
+    kv_groups = 1
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.kv_groups == 2 and (self.cluster > 1 or self.split_cluster > 1 or not paged_kv.uses_tma(self.page_size)):
+            raise ValueError("kv_groups = 2 needs TMA pages (16-128) and no cluster (MLA_MULTICAST=0, no split "
+                             f"cluster); got page_size {self.page_size}, cluster {self.cluster}, split cluster "
+                             f"{self.split_cluster}")
+
+    def make_pipelines(self, storage):
+        """Q as in the skeleton; K as one pipeline (``kv_groups`` 1) or one per column group over the same
+        stages (2): group A consumed by WG0's four warps, group B by all eight."""
+        if self.kv_groups == 1:
+            return super().make_pipelines(storage)
+        pipe_q = self.make_q_pipeline(storage)
+        block_bytes = BLOCK_N * COL_BLOCK * self.dtype.width // 8
+        ptr = storage.mbar_k.data_ptr()
+        pipe_a = self.loader.make_pipeline(ptr, 4, tx_bytes=len(A_COLS) * block_bytes)
+        pipe_b = self.loader.make_pipeline(ptr + 2 * self.kv_stages, 8, tx_bytes=len(B_COLS) * block_bytes)
+        return pipe_q, (pipe_a, pipe_b)
+
+    @cute.jit
+    def load_k(self, tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx, page=None,
+               group: cutlass.Constexpr[int] = -1):
+        """A K producer warp's load of tile ``blk`` into the stage ``k_prod`` points at (acquired inside):
+        the whole tile, or with ``kv_groups`` 2 both groups (``group`` -1) or one of them (0: A, 1: B)."""
+        if const_expr(self.kv_groups == 1):
+            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx,
+                                  page=page)
+        else:
+            pipe_a, pipe_b = pipe_k
+            if const_expr(group != 1):
+                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_a, k_prod, r, blk, seqlen, kv_head, wg_tidx,
+                                      page=page, cols=A_COLS)
+            if const_expr(group != 0):
+                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_b, k_prod, r, blk, seqlen, kv_head, wg_tidx,
+                                      page=page, cols=B_COLS)
+
+    @cute.jit
+    def wg0_qk(self, acc_s, tSrQ, tSrK, pipe_k, k_state):
+        """WG0: wait for the tile in ``k_state``'s stage and issue its QK as one committed group (not
+        waited for). With ``kv_groups`` 2 the chain starts on group A and waits for group B halfway."""
+        if const_expr(self.kv_groups == 1):
+            self.loader.consumer_wait(pipe_k, k_state)
+            self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
+        else:
+            pipe_a, pipe_b = pipe_k
+            mma_qk, _, _ = self.tiled_mmas()
+            self.loader.consumer_wait(pipe_a, k_state)
+            warpgroup.fence()  # after the barrier's wait loop (else ptxas serializes the chain)
+            for bi in cutlass.range_constexpr(len(A_COLS)):
+                for kk in cutlass.range_constexpr(K_STEPS_PER_BLOCK):
+                    k = A_COLS[bi] * K_STEPS_PER_BLOCK + kk
+                    mma_qk.set(warpgroup.Field.ACCUMULATE, bi != 0 or kk != 0)
+                    cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, k_state.index], acc_s)
+            self.loader.consumer_wait(pipe_b, k_state)
+            warpgroup.fence()
+            for bi in cutlass.range_constexpr(len(B_COLS)):
+                for kk in cutlass.range_constexpr(K_STEPS_PER_BLOCK):
+                    k = B_COLS[bi] * K_STEPS_PER_BLOCK + kk
+                    mma_qk.set(warpgroup.Field.ACCUMULATE, True)
+                    cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, k_state.index], acc_s)
+            warpgroup.commit_group()
+
+    @cute.jit
+    def k_release(self, pipe_k, k_state, group: cutlass.Constexpr[int] = -1):
+        """Release the stage of ``k_state``: the whole tile, or with ``kv_groups`` 2 the group ``group`` (0: A,
+        1: B; -1: both)."""
+        if const_expr(self.kv_groups == 1):
+            self.loader.consumer_release(pipe_k, k_state)
+        else:
+            pipe_a, pipe_b = pipe_k
+            if const_expr(group != 1):
+                self.loader.consumer_release(pipe_a, k_state)
+            if const_expr(group != 0):
+                self.loader.consumer_release(pipe_b, k_state)
+
+    @cute.jit
+    def k_wait_wg1(self, pipe_k, k_state):
+        """WG1's wait for the tile its P.V reads: the whole tile, or group B with ``kv_groups`` 2."""
+        if const_expr(self.kv_groups == 1):
+            self.loader.consumer_wait(pipe_k, k_state)
+        else:
+            self.loader.consumer_wait(pipe_k[1], k_state)
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -217,14 +313,15 @@ class MLADecode2WG(MLADecodeBase):
         """WG0's tiles of one chunk: per tile, the stage wait, QK, softmax and P for WG1, its P.V, the stage
         release. Returns the consumer state past the chunk."""
         for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
-            self.loader.consumer_wait(pipe_k, k_state)
             acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
-            self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
+            self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_state)
             warpgroup.wait_group(0)
+            if const_expr(self.kv_groups == 2):
+                self.k_release(pipe_k, k_state, 1)  # WG0 is done with group B once its QK retired
             self.wg0_softmax_pv(acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max, row_sum,
                                 row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
             warpgroup.wait_group(0)
-            self.loader.consumer_release(pipe_k, k_state)
+            self.k_release(pipe_k, k_state, 0 if const_expr(self.kv_groups == 2) else -1)
             k_state.advance()
         return k_state
 
@@ -246,28 +343,38 @@ class MLADecode2WG(MLADecodeBase):
         last = stop
         if start < stop:
             last = start + (stop - 1 - start) // self.split_cluster * self.split_cluster
-            self.loader.consumer_wait(pipe_k, k_state)
-            self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
+            self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_state)
             warpgroup.wait_group(0)
+            if const_expr(self.kv_groups == 2):
+                self.k_release(pipe_k, k_state, 1)  # WG0 is done with group B once its QK retired
         k_next = k_state.clone()
         k_next.advance()
+        # What WG0 releases once a tile's P.V retired: the tile, or group A (B went after its QK).
+        after_pv = 0 if const_expr(self.kv_groups == 2) else -1
         for blk in cutlass.range(start, last, self.split_cluster, unroll=1):
             self.wg0_softmax_pv(acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max, row_sum,
                                 row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
-            self.loader.consumer_wait(pipe_k, k_next)
-            if const_expr(self.qk_ahead_waits_pv):
-                cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
-            self.issue_qk(acc_s, tSrQ, tSrK, k_next.index)
+            if const_expr(self.kv_groups == 1):
+                self.loader.consumer_wait(pipe_k, k_next)
+                if const_expr(self.qk_ahead_waits_pv):
+                    cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
+                self.issue_qk(acc_s, tSrQ, tSrK, k_next.index)
+            else:
+                if const_expr(self.qk_ahead_waits_pv):
+                    cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
+                self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_next)
             warpgroup.wait_group(1)
-            self.loader.consumer_release(pipe_k, k_state)
+            self.k_release(pipe_k, k_state, after_pv)
             warpgroup.wait_group(0)
+            if const_expr(self.kv_groups == 2):
+                self.k_release(pipe_k, k_next, 1)
             k_state.advance()
             k_next.advance()
         if start < stop:
             self.wg0_softmax_pv(acc_s, last, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max, row_sum,
                                 row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
             warpgroup.wait_group(0)
-            self.loader.consumer_release(pipe_k, k_state)
+            self.k_release(pipe_k, k_state, after_pv)
             k_state.advance()
         return k_state
 
@@ -389,7 +496,7 @@ class MLADecode2WG(MLADecodeBase):
                 for i in cutlass.range_constexpr(n_rows_thr):
                     row_scale[i] = s_row_scale[tOcO[i, 0][0]]
                 softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-                self.loader.consumer_wait(pipe_k, k_state)
+                self.k_wait_wg1(pipe_k, k_state)
                 valid = seqlen - blk * BLOCK_N
                 if valid < BLOCK_N:
                     self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
@@ -397,14 +504,22 @@ class MLADecode2WG(MLADecodeBase):
                 if const_expr(self.qk_ahead and self.qk_ahead_waits_pv):
                     if blk + self.split_cluster < stop:  # WG0 issues the next QK behind this P.V
                         cute.arch.barrier_arrive(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
+                if const_expr(self.kv_groups == 2):
+                    # Group A of the stage goes out once WG0's P.V of this tile retired (its release), while
+                    # this warpgroup's P.V still runs.
+                    if is_k_producer:
+                        if blk + self.kv_stages * self.split_cluster < stop:
+                            self.refill(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r,
+                                        blk + self.kv_stages * self.split_cluster, seqlen, kv_head, wg_tidx, next_page,
+                                        0)
                 warpgroup.wait_group(0)
                 cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-                self.loader.consumer_release(pipe_k, k_state)
+                self.k_release(pipe_k, k_state, 1 if const_expr(self.kv_groups == 2) else -1)
                 k_state.advance()
                 if is_k_producer:
                     if blk + self.kv_stages * self.split_cluster < stop:
                         self.refill(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk + self.kv_stages * self.split_cluster,
-                                    seqlen, kv_head, wg_tidx, next_page)
+                                    seqlen, kv_head, wg_tidx, next_page, 1 if const_expr(self.kv_groups == 2) else -1)
                         k_prod.advance()
                     if const_expr(self.prefetches_l2()):
                         if ahead < stop:
@@ -478,13 +593,13 @@ class MLADecode2WG(MLADecodeBase):
                 blk = start + s * self.split_cluster
                 if blk < stop:
                     page = self.loader.pick_head_page(own[s], first[s], blk, seqlen, wg_tidx)
-                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head,
-                                          wg_tidx, page=page)
+                    self.load_k(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx,
+                                page=page)
                     k_prod.advance()
         else:
             for blk in cutlass.range(start, cutlass.min(start + self.kv_stages * self.split_cluster, stop),
                                       self.split_cluster, unroll=1):
-                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx)
+                self.load_k(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx)
                 k_prod.advance()
         if const_expr(self.prefetches_short_chunks()):
             # Every tile after the first kv_stages, if the chunk is short and has any: the page ids
@@ -551,14 +666,16 @@ class MLADecode2WG(MLADecodeBase):
         return self.loader.prefetches_page() and (self.refill_pages_early or self.loader.warp_per_box)
 
     @cute.jit
-    def refill(self, tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx, page):
-        """A K producer warp's load of tile ``blk`` into the stage ``k_prod`` points at (acquired inside),
-        with ``page`` from ``next_page_early`` where the loader takes it."""
+    def refill(self, tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx, page,
+               group: cutlass.Constexpr[int] = -1):
+        """A K producer warp's load of tile ``blk`` (or of its column group ``group``, ``load_k``) into the
+        stage ``k_prod`` points at (acquired inside), with ``page`` from ``next_page_early`` where the loader
+        takes it."""
         if const_expr(self.reads_refill_page_early()):
-            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx,
-                                  page=page)
+            self.load_k(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx, page=page,
+                        group=group)
         else:
-            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx)
+            self.load_k(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx, group=group)
 
     def prefetches_short_chunks(self) -> bool:
         """Whether short chunks are prefetched into L2 whole (``l2_prefetch_chunk_tiles``; TMA pages only)."""
