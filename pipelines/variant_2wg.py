@@ -128,16 +128,18 @@ class MLADecode2WG(MLADecodeBase):
     # 2: each K stage fills in two column groups (A_COLS, B_COLS) on their own full and empty barriers, so
     # V's left half (group A, read by WG0 alone) is refilled as soon as WG0's P.V of the tile retired,
     # instead of after WG1's P.V too (about 600 cycles later); WG0 releases group B once its QK retired and
-    # starts each QK on group A. No cluster (a refill by one CTA would need the peer's release), TMA pages.
+    # starts each QK on group A. In a multicast cluster each group's release goes to both CTAs, as the
+    # tile's does with one group. TMA pages without a split cluster; elsewhere the kernel takes 1.
     # 1: one barrier pair per stage. A class constant (``MLADecodeBase.kv_groups``).
     kv_groups = 1
 
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        if self.kv_groups == 2 and (self.cluster > 1 or self.split_cluster > 1 or not paged_kv.uses_tma(self.page_size)):
-            raise ValueError("kv_groups = 2 needs TMA pages (16-128) and no cluster (MLA_MULTICAST=0, no split "
-                             f"cluster); got page_size {self.page_size}, cluster {self.cluster}, split cluster "
-                             f"{self.split_cluster}")
+    def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
+                 multicast: bool = True, split_cluster: int = 1):
+        if self.kv_groups == 2 and (split_cluster > 1 or not paged_kv.uses_tma(page_size)):
+            # Column groups need TMA pages, and a split cluster's epilogue reuses the K stages as scratch:
+            # one group there (the instance's value shadows the class constant before the skeleton reads it).
+            self.kv_groups = 1
+        super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, multicast, split_cluster)
 
     def make_pipelines(self, storage):
         """Q as in the skeleton; K as one pipeline (``kv_groups`` 1) or one per column group over the same

@@ -94,6 +94,9 @@ class MLADecode2WGNarrow(MLADecode2WG):
     p_interleaved = False
     # 16 rows of fp32 per epilogue pass (``store_transposed``; 16-bit rows take less).
     epilogue_scratch_bytes = PASS_ROWS * ROW_32 * 4
+    # One barrier pair per K stage: this kernel's loop waits for and releases whole tiles (its own
+    # consumer code, not the 64-row kernel's column groups).
+    kv_groups = 1
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

@@ -65,8 +65,7 @@ MODES = {
     "2wg-qk-ahead-nowait": ("2wg", dict(qk_ahead=True, qk_ahead_waits_pv=False), True),  # WG1's P.V behind the QK
     "2wg-qk-ahead-nowait-pf2": ("2wg", dict(qk_ahead=True, qk_ahead_waits_pv=False, l2_prefetch_ahead=2), True),
     "2wg-qk-ahead-nowait-pf4": ("2wg", dict(qk_ahead=True, qk_ahead_waits_pv=False, l2_prefetch_ahead=4), True),
-    # K stages in two column groups, V's left half refilled after WG0's P.V alone (64-row kernel; needs
-    # MLA_MULTICAST=0 at h_q * s_q > 64: no cluster)
+    # K stages in two column groups, V's left half refilled after WG0's P.V alone (64-row kernel only)
     "2wg-kg2": ("2wg", dict(kv_groups=2), True),
     "2wg-kg2-qk-ahead": ("2wg", dict(kv_groups=2, qk_ahead=True), True),
     "2wg-kg2-qk-ahead-nowait": ("2wg", dict(kv_groups=2, qk_ahead=True, qk_ahead_waits_pv=False), True),
