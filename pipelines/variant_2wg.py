@@ -132,6 +132,10 @@ class MLADecode2WG(MLADecodeBase):
     # tile's does with one group. TMA pages without a split cluster; elsewhere the kernel takes 1.
     # 1: one barrier pair per stage. A class constant (``MLADecodeBase.kv_groups``).
     kv_groups = 1
+    # With kv_groups 2: WG0's QK waits for group B halfway through its chain (True), or for both groups
+    # before it (False: no wait and fence inside the chain; ncu showed the chain's first step after the
+    # mid-chain fence stalling about as long as the K wait it replaced). A class constant.
+    kv_groups_qk_split = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -181,14 +185,17 @@ class MLADecode2WG(MLADecodeBase):
             pipe_a, pipe_b = pipe_k
             mma_qk, _, _ = self.tiled_mmas()
             self.loader.consumer_wait(pipe_a, k_state)
+            if const_expr(not self.kv_groups_qk_split):
+                self.loader.consumer_wait(pipe_b, k_state)
             warpgroup.fence()  # after the barrier's wait loop (else ptxas serializes the chain)
             for bi in cutlass.range_constexpr(len(A_COLS)):
                 for kk in cutlass.range_constexpr(K_STEPS_PER_BLOCK):
                     k = A_COLS[bi] * K_STEPS_PER_BLOCK + kk
                     mma_qk.set(warpgroup.Field.ACCUMULATE, bi != 0 or kk != 0)
                     cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, k_state.index], acc_s)
-            self.loader.consumer_wait(pipe_b, k_state)
-            warpgroup.fence()
+            if const_expr(self.kv_groups_qk_split):
+                self.loader.consumer_wait(pipe_b, k_state)
+                warpgroup.fence()
             for bi in cutlass.range_constexpr(len(B_COLS)):
                 for kk in cutlass.range_constexpr(K_STEPS_PER_BLOCK):
                     k = B_COLS[bi] * K_STEPS_PER_BLOCK + kk
