@@ -128,20 +128,30 @@ class MLADecode2WG(MLADecodeBase):
     # 2: each K stage fills in two column groups (A_COLS, B_COLS) on their own full and empty barriers, so
     # V's left half (group A, read by WG0 alone) is refilled as soon as WG0's P.V of the tile retired,
     # instead of after WG1's P.V too (about 600 cycles later); WG0 releases group B once its QK retired and
-    # starts each QK on group A. In a multicast cluster each group's release goes to both CTAs, as the
-    # tile's does with one group. TMA pages without a split cluster; elsewhere the kernel takes 1.
-    # 1: one barrier pair per stage. A class constant (``MLADecodeBase.kv_groups``).
-    kv_groups = 1
+    # starts each QK on group A (``kv_groups_qk_split``). In a multicast cluster each group's release goes
+    # to both CTAs, as the tile's does with one group. Taken where the CTA has 65-128 query rows per kv head
+    # (two m-blocks: h_q 128 s_q 1, h_q 64 s_q 2) with TMA pages and no split cluster; elsewhere 1. Measured on
+    # H100s (paired over one group, 2026-11-26; docs/perf-notes.md, twenty-fourth session): 0.98-0.99 at b128
+    # s1 h128 1024/4096/16384, b64 s1 h128 1024, b32 s1 h128 4096, b128 s2 h64 4096, pages 16 and 128 too;
+    # 0.99-1.00 at b1 s1 h128 16384; 1.007-1.009 at b8 s1 h128 4096 and 1.004-1.006 at b64 s2 h64 16384; at
+    # 64 rows (b128 s1 h64 4096: 1.003-1.008) and 256 rows (b128 s2 h128 4096: 0.995-1.023) it is not
+    # taken. 1: one barrier pair per stage. A class constant (an A/B sets it on a subclass; 2 still falls
+    # back to 1 where it is not taken).
+    kv_groups = 2
+    kv_groups_rows = (65, 128)  # the rows per kv head where kv_groups 2 is taken
     # With kv_groups 2: WG0's QK waits for group B halfway through its chain (True), or for both groups
-    # before it (False: no wait and fence inside the chain; ncu showed the chain's first step after the
-    # mid-chain fence stalling about as long as the K wait it replaced). A class constant.
+    # before it (False: 1.00-1.01 over one group on the same rows, H100; the split wins although ncu shows
+    # the first wgmma after the mid-chain fence stalling). A class constant.
     kv_groups_qk_split = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
-        if self.kv_groups == 2 and (split_cluster > 1 or not paged_kv.uses_tma(page_size)):
+        rows = num_heads // max(num_heads_k, 1) * seqlen_q
+        lo, hi = self.kv_groups_rows
+        if self.kv_groups == 2 and (split_cluster > 1 or not paged_kv.uses_tma(page_size) or not lo <= rows <= hi):
             # Column groups need TMA pages, and a split cluster's epilogue reuses the K stages as scratch:
-            # one group there (the instance's value shadows the class constant before the skeleton reads it).
+            # one group there, and where it was not measured to win (the instance's value shadows the class
+            # constant before the skeleton reads it).
             self.kv_groups = 1
         super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, multicast, split_cluster)
 

@@ -66,7 +66,9 @@ MODES = {
     "2wg-qk-ahead-nowait-pf2": ("2wg", dict(qk_ahead=True, qk_ahead_waits_pv=False, l2_prefetch_ahead=2), True),
     "2wg-qk-ahead-nowait-pf4": ("2wg", dict(qk_ahead=True, qk_ahead_waits_pv=False, l2_prefetch_ahead=4), True),
     # K stages in two column groups, V's left half refilled after WG0's P.V alone (64-row kernel only)
-    "2wg-kg2": ("2wg", dict(kv_groups=2), True),
+    "2wg-kg1": ("2wg", dict(kv_groups=1), True),  # one barrier pair per K stage (before the 24th session)
+    "2wg-kg2": ("2wg", dict(kv_groups=2), True),  # the default since; to 65-128 rows per kv head
+    "2wg-kg2-all": ("2wg", dict(kv_groups=2, kv_groups_rows=(1, 256)), True),  # wherever the kernel can
     "2wg-kg2-whole": ("2wg", dict(kv_groups=2, kv_groups_qk_split=False), True),  # QK waits for both groups first
     "2wg-kg2-qk-ahead": ("2wg", dict(kv_groups=2, qk_ahead=True), True),
     "2wg-kg2-qk-ahead-early": ("2wg", dict(kv_groups=2, qk_ahead=True, p_fence_after_pv=False), True),  # P_FULL before WG0's P.V

@@ -257,6 +257,38 @@ def test_qk_ahead_issues_the_next_qk_behind_the_pv(waits_pv):
     assert not named.search(ptx["base"])
 
 
+def test_kv_groups_two_column_groups_where_taken():
+    """``MLADecode2WG.kv_groups`` 2 (the default where a CTA has 65-128 rows per kv head, TMA pages, no split
+    cluster): each K stage fills as two column groups on their own barrier pairs (twice the K stage
+    barriers), WG0's QK waits for the second group halfway (one more ``wgmma.fence``) with the same wgmma;
+    one group elsewhere and in the narrow kernel."""
+    import re
+
+    from pipelines.launch import DecodeConfig
+    from pipelines.variant_2wg import MLADecode2WG
+    from pipelines.variant_2wg_narrow import MLADecode2WGNarrow
+
+    bf16 = cutlass_bf16()
+    assert MLADecode2WG(bf16, 128, 1, 64, False).kv_groups == 2  # 128 rows, a multicast cluster
+    assert MLADecode2WG(bf16, 64, 2, 16, True).kv_groups == 2  # 128 rows, page 16
+    assert MLADecode2WG(bf16, 128, 1, 64, False, 1, False).kv_groups == 2  # no multicast
+    assert MLADecode2WG(bf16, 64, 1, 64, False).kv_groups == 1  # 64 rows
+    assert MLADecode2WG(bf16, 128, 2, 64, True).kv_groups == 1  # 256 rows
+    assert MLADecode2WG(bf16, 128, 1, 1, False).kv_groups == 1  # cp.async gather
+    assert MLADecode2WG(bf16, 128, 1, 64, False, 1, True, 8).kv_groups == 1  # split cluster
+    assert MLADecode2WGNarrow(bf16, 16, 1, 64, False).kv_groups == 1
+    one = type("One2WG", (MLADecode2WG,), {"kv_groups": 1})
+    conf = DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False)
+    ptx = {name: _entry_ptx(conf, cls) for name, cls in (("one", one), ("two", MLADecode2WG))}
+    count = {name: {what: len(re.findall(pattern, text)) for what, pattern in (
+        ("init", r"mbarrier\.init"), ("fence", r"wgmma\.fence"), ("mma", r"wgmma\.mma_async"))}
+        for name, text in ptx.items()}
+    k_barriers = 2 * 2 * MLADecode2WG.kv_stages  # a full and an empty barrier per stage and group
+    assert count["two"]["init"] == count["one"]["init"] + k_barriers // 2
+    assert count["two"]["fence"] == count["one"]["fence"] + 1
+    assert count["two"]["mma"] == count["one"]["mma"]
+
+
 def test_dependent_launch_order_in_sass():
     """The decode kernel's griddepcontrol.wait (ACQBULK) must precede its first global access and its
     launch_dependents (PREEXIT); other kernels in the cubin (the merge) are not held to it."""
