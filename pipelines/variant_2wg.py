@@ -117,9 +117,12 @@ class MLADecode2WG(MLADecodeBase):
     # its tile's non-wgmma segments run about 540 cycles longer than in 2wg's order (softmax 831 against
     # 584 cycles) with no wgmma in flight. Peeling the chunk's last tile off the loop (as now: 224
     # registers instead of 252, no last-tile path keeping S live) gained 2-4 points: 1.10-1.12x at b128 s1
-    # h128 4096, 1.07x at b64 s1 h128 1024, 1.02-1.03x at b1 s1 h128 16384. The rest is not explained
-    # (docs/perf-notes.md). Kept for that A/B; a class constant (the default SASS is byte-identical to the
-    # kernel without it).
+    # h128 4096, 1.07x at b64 s1 h128 1024, 1.02-1.03x at b1 s1 h128 16384. ncu's per-instruction samples
+    # (twenty-fourth session) show where: it saves the P.V retire wait, but the next K tile is not there when
+    # its QK goes out early, and the loop's code under register pressure recomputes thread-index values and
+    # waits on a register the P stores still hold; with ``kv_groups`` 2 WG1's producer also waits for group
+    # A's release before its P.V retires (docs/perf-notes.md). Kept for that A/B; a class constant (the
+    # default SASS is byte-identical to the kernel without it).
     qk_ahead = False
     # With qk_ahead: whether WG0 waits for WG1's P.V issue (BAR_PV_ISSUED) before the next QK. False: the QK
     # goes right behind WG0's own P.V and WG1's P.V queues behind that QK, beside WG0's next softmax (the
