@@ -32,11 +32,9 @@ BAR_WG0 = 3
 BAR_WG1 = 4
 BAR_PV_ISSUED = 5  # qk_ahead: WG1 arrives once its P.V of a tile is issued; WG0 waits before the next QK
 HALF = HEAD_DIM_V // 2
-# ``kv_groups = 2``: a K stage's 64-column blocks in two groups with their own barriers. Group A is V's left
-# half, which only WG0 reads (its QK and its P.V); group B is V's right half and the RoPE block (WG0's QK,
-# WG1's P.V).
-A_COLS = (0, 1, 2, 3)
-B_COLS = (4, 5, 6, 7, 8)
+# ``kv_groups = 2``: a K stage's 64-column blocks in two groups with their own barriers
+# (``MLADecode2WG.kv_group_cols``). Group A holds V's left half, which only WG0 reads (its QK and its P.V);
+# group B V's right half (WG0's QK, WG1's P.V).
 K_STEPS_PER_BLOCK = COL_BLOCK // 16  # QK's k16 steps per 64-column block
 
 
@@ -128,7 +126,7 @@ class MLADecode2WG(MLADecodeBase):
     # goes right behind WG0's own P.V and WG1's P.V queues behind that QK, beside WG0's next softmax (the
     # twelfth session's form); the stage of t is then released a QK later. A class constant.
     qk_ahead_waits_pv = True
-    # 2: each K stage fills in two column groups (A_COLS, B_COLS) on their own full and empty barriers, so
+    # 2: each K stage fills in two column groups (``kv_group_cols``) on their own full and empty barriers, so
     # V's left half (group A, read by WG0 alone) is refilled as soon as WG0's P.V of the tile retired,
     # instead of after WG1's P.V too (about 600 cycles later); WG0 releases group B once its QK retired and
     # starts each QK on group A (``kv_groups_qk_split``). In a multicast cluster each group's release goes
@@ -142,6 +140,9 @@ class MLADecode2WG(MLADecodeBase):
     # back to 1 where it is not taken).
     kv_groups = 2
     kv_groups_rows = (65, 128)  # the rows per kv head where kv_groups 2 is taken
+    # The 64-column blocks of groups A and B (block 8 is RoPE, read by WG0's QK alone; V's right half,
+    # blocks 4-7, must be in B: WG1 reads it). The QK runs A's blocks first, then B's, in these orders.
+    kv_group_cols = ((0, 1, 2, 3), (4, 5, 6, 7, 8))
     # With kv_groups 2: WG0's QK waits for group B halfway through its chain (True), or for both groups
     # before it (False: 1.00-1.01 over one group on the same rows, H100; the split wins although ncu shows
     # the first wgmma after the mid-chain fence stalling). A class constant.
@@ -166,8 +167,8 @@ class MLADecode2WG(MLADecodeBase):
         pipe_q = self.make_q_pipeline(storage)
         block_bytes = BLOCK_N * COL_BLOCK * self.dtype.width // 8
         ptr = storage.mbar_k.data_ptr()
-        pipe_a = self.loader.make_pipeline(ptr, 4, tx_bytes=len(A_COLS) * block_bytes)
-        pipe_b = self.loader.make_pipeline(ptr + 2 * self.kv_stages, 8, tx_bytes=len(B_COLS) * block_bytes)
+        pipe_a = self.loader.make_pipeline(ptr, 4, tx_bytes=len(self.kv_group_cols[0]) * block_bytes)
+        pipe_b = self.loader.make_pipeline(ptr + 2 * self.kv_stages, 8, tx_bytes=len(self.kv_group_cols[1]) * block_bytes)
         return pipe_q, (pipe_a, pipe_b)
 
     @cute.jit
@@ -182,10 +183,10 @@ class MLADecode2WG(MLADecodeBase):
             pipe_a, pipe_b = pipe_k
             if const_expr(group != 1):
                 self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_a, k_prod, r, blk, seqlen, kv_head, wg_tidx,
-                                      page=page, cols=A_COLS)
+                                      page=page, cols=self.kv_group_cols[0])
             if const_expr(group != 0):
                 self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_b, k_prod, r, blk, seqlen, kv_head, wg_tidx,
-                                      page=page, cols=B_COLS)
+                                      page=page, cols=self.kv_group_cols[1])
 
     @cute.jit
     def wg0_qk(self, acc_s, tSrQ, tSrK, pipe_k, k_state):
@@ -201,17 +202,18 @@ class MLADecode2WG(MLADecodeBase):
             if const_expr(not self.kv_groups_qk_split):
                 self.loader.consumer_wait(pipe_b, k_state)
             warpgroup.fence()  # after the barrier's wait loop (else ptxas serializes the chain)
-            for bi in cutlass.range_constexpr(len(A_COLS)):
+            cols_a, cols_b = self.kv_group_cols
+            for bi in cutlass.range_constexpr(len(cols_a)):
                 for kk in cutlass.range_constexpr(K_STEPS_PER_BLOCK):
-                    k = A_COLS[bi] * K_STEPS_PER_BLOCK + kk
+                    k = cols_a[bi] * K_STEPS_PER_BLOCK + kk
                     mma_qk.set(warpgroup.Field.ACCUMULATE, bi != 0 or kk != 0)
                     cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, k_state.index], acc_s)
             if const_expr(self.kv_groups_qk_split):
                 self.loader.consumer_wait(pipe_b, k_state)
                 warpgroup.fence()
-            for bi in cutlass.range_constexpr(len(B_COLS)):
+            for bi in cutlass.range_constexpr(len(cols_b)):
                 for kk in cutlass.range_constexpr(K_STEPS_PER_BLOCK):
-                    k = B_COLS[bi] * K_STEPS_PER_BLOCK + kk
+                    k = cols_b[bi] * K_STEPS_PER_BLOCK + kk
                     mma_qk.set(warpgroup.Field.ACCUMULATE, True)
                     cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, k_state.index], acc_s)
             warpgroup.commit_group()
