@@ -9,6 +9,9 @@ Roles per 64-token KV tile:
 Why not FA3 ping-pong: two 64x512 fp32 O tiles do not fit the register file; splitting O by columns
 across the two warpgroups keeps 128 accumulator registers per thread.
 
+K stages: at 65-128 rows per kv head each stage fills as two column groups with their own barriers
+(``kv_groups``): V's left half, which only WG0 reads, is refilled as soon as WG0's P.V retired.
+
 Ordering between the warpgroups uses two named barriers: P_FULL (WG0 arrives after writing P and
 the factors, WG1 waits) and P_EMPTY (WG1 arrives after its P.V, WG0 waits before overwriting P).
 WG0 also publishes 1/rowsum through P_FULL once a chunk is done.
