@@ -9,7 +9,7 @@ Roles per 64-token KV tile:
 Why not FA3 ping-pong: two 64x512 fp32 O tiles do not fit the register file; splitting O by columns
 across the two warpgroups keeps 128 accumulator registers per thread.
 
-K stages: at 65-128 rows per kv head each stage fills as two column groups with their own barriers
+K stages: at 65-128 rows per kv head (s_q 1) each stage fills as two column groups with their own barriers
 (``kv_groups``): V's left half, which only WG0 reads, is refilled as soon as WG0's P.V retired.
 
 Ordering between the warpgroups uses two named barriers: P_FULL (WG0 arrives after writing P and
@@ -134,15 +134,15 @@ class MLADecode2WG(MLADecodeBase):
     # instead of after WG1's P.V too (about 600 cycles later); WG0 releases group B once its QK retired and
     # starts each QK on group A (``kv_groups_qk_split``). In a multicast cluster each group's release goes
     # to both CTAs, as the tile's does with one group. Taken where the CTA has 65-128 query rows per kv head
-    # (two m-blocks: h_q 128 s_q 1, h_q 64 s_q 2) with TMA pages and no split cluster; elsewhere 1. Measured on
-    # H100s (paired over one group, 2026-11-26; docs/perf-notes.md, twenty-fourth session): 0.98-0.99 at b128
-    # s1 h128 1024/4096/16384, b64 s1 h128 1024, b32 s1 h128 4096, b128 s2 h64 4096, pages 16 and 128 too;
-    # 0.99-1.00 at b1 s1 h128 16384; 1.007-1.009 at b8 s1 h128 4096 and 1.004-1.006 at b64 s2 h64 16384; at
-    # 64 rows (b128 s1 h64 4096: 1.003-1.008) and 256 rows (b128 s2 h128 4096: 0.995-1.023) it is not
-    # taken. 1: one barrier pair per stage. A class constant (an A/B sets it on a subclass; 2 still falls
-    # back to 1 where it is not taken).
+    # from one query position (s_q 1: h_q 128 with one kv head) with TMA pages and no split cluster; elsewhere
+    # 1. Measured on H100s (paired over one group, 2026-11-26; docs/perf-notes.md, twenty-fourth session):
+    # 0.98-0.99 at b128 s1 h128 1024/4096/16384, b64 s1 h128 1024, b32 s1 h128 4096, pages 16 and 128 too;
+    # 0.99-1.00 at b1 s1 h128 16384; 1.006-1.009 at b8 s1 h128 4096. Not taken: s_q 2 at h_q 64 (128 rows,
+    # causal: 0.99-1.01, mostly slower), 64 rows (b128 s1 h64 4096: 1.003-1.008), 256 rows (b128 s2 h128 4096:
+    # 0.995-1.023). 1: one barrier pair per stage. A class constant (an A/B sets it on a subclass; 2 still
+    # falls back to 1 where it is not taken).
     kv_groups = 2
-    kv_groups_rows = (65, 128)  # the rows per kv head where kv_groups 2 is taken
+    kv_groups_rows = (65, 128)  # the rows per kv head where kv_groups 2 is taken (with s_q 1)
     # The 64-column blocks of groups A and B (block 8 is RoPE, read by WG0's QK alone; V's right half,
     # blocks 4-7, must be in B: WG1 reads it). The QK runs A's blocks first, then B's, in these orders.
     kv_group_cols = ((0, 1, 2, 3), (4, 5, 6, 7, 8))
@@ -155,9 +155,10 @@ class MLADecode2WG(MLADecodeBase):
                  multicast: bool = True, split_cluster: int = 1):
         rows = num_heads // max(num_heads_k, 1) * seqlen_q
         lo, hi = self.kv_groups_rows
-        if self.kv_groups == 2 and (split_cluster > 1 or not paged_kv.uses_tma(page_size) or not lo <= rows <= hi):
+        if self.kv_groups == 2 and (split_cluster > 1 or not paged_kv.uses_tma(page_size) or not lo <= rows <= hi
+                                    or seqlen_q != 1):
             # Column groups need TMA pages, and a split cluster's epilogue reuses the K stages as scratch:
-            # one group there, and where it was not measured to win (the instance's value shadows the class
+            # one group there, and where it was not measured to win (s_q > 1: see ``kv_groups``) (the instance's value shadows the class
             # constant before the skeleton reads it).
             self.kv_groups = 1
         super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, multicast, split_cluster)

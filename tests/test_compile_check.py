@@ -258,8 +258,8 @@ def test_qk_ahead_issues_the_next_qk_behind_the_pv(waits_pv):
 
 
 def test_kv_groups_two_column_groups_where_taken():
-    """``MLADecode2WG.kv_groups`` 2 (the default where a CTA has 65-128 rows per kv head, TMA pages, no split
-    cluster): each K stage fills as two column groups on their own barrier pairs (twice the K stage
+    """``MLADecode2WG.kv_groups`` 2 (the default where a CTA has 65-128 rows per kv head from s_q 1, TMA pages,
+    no split cluster): each K stage fills as two column groups on their own barrier pairs (twice the K stage
     barriers), WG0's QK waits for the second group halfway (one more ``wgmma.fence``) with the same wgmma;
     one group elsewhere and in the narrow kernel."""
     import re
@@ -270,7 +270,8 @@ def test_kv_groups_two_column_groups_where_taken():
 
     bf16 = cutlass_bf16()
     assert MLADecode2WG(bf16, 128, 1, 64, False).kv_groups == 2  # 128 rows, a multicast cluster
-    assert MLADecode2WG(bf16, 64, 2, 16, True).kv_groups == 2  # 128 rows, page 16
+    assert MLADecode2WG(bf16, 128, 1, 16, False).kv_groups == 2  # page 16
+    assert MLADecode2WG(bf16, 64, 2, 64, True).kv_groups == 1  # 128 rows from two query positions
     assert MLADecode2WG(bf16, 128, 1, 64, False, 1, False).kv_groups == 2  # no multicast
     assert MLADecode2WG(bf16, 64, 1, 64, False).kv_groups == 1  # 64 rows
     assert MLADecode2WG(bf16, 128, 2, 64, True).kv_groups == 1  # 256 rows
