@@ -137,7 +137,7 @@ class MLADecode2WG(MLADecodeBase):
     # from one query position (s_q 1: h_q 128 with one kv head) with TMA pages and no split cluster; elsewhere
     # 1. Measured on H100s (paired over one group, 2026-11-26; docs/perf-notes.md, twenty-fourth session):
     # 0.98-0.99 at b128 s1 h128 1024/4096/16384, b64 s1 h128 1024, b32 s1 h128 4096, pages 16 and 128 too;
-    # 0.99-1.00 at b1 s1 h128 16384; 1.006-1.009 at b8 s1 h128 4096. Not taken: s_q 2 at h_q 64 (128 rows,
+    # 0.99-1.00 at b1 s1 h128 16384; 1.000-1.009 at b8 s1 h128 4096. Not taken: s_q 2 at h_q 64 (128 rows,
     # causal: 0.99-1.01, mostly slower), 64 rows (b128 s1 h64 4096: 1.003-1.008), 256 rows (b128 s2 h128 4096:
     # 0.995-1.023). 1: one barrier pair per stage. A class constant (an A/B sets it on a subclass; 2 still
     # falls back to 1 where it is not taken).
