@@ -454,6 +454,18 @@ class MLADecodeBase:
         warpgroup.commit_group()
 
     @cute.jit
+    def qk_blocks(self, mma_qk, acc_s, tSrQ, tSrK, stage, cols: cutlass.Constexpr, starts: cutlass.Constexpr[bool]):
+        """QK's k16 steps over the 64-column blocks ``cols`` of the K tile in ``stage``, in that order, issued
+        (neither fenced nor committed: the caller's wait and ``warpgroup.fence`` come first, its commit
+        after); ``starts``: the first step overwrites the accumulator (a chain's first blocks)."""
+        steps = paged_kv.COL_BLOCK // 16
+        for bi in cutlass.range_constexpr(len(cols)):
+            for kk in cutlass.range_constexpr(steps):
+                k = cols[bi] * steps + kk
+                mma_qk.set(warpgroup.Field.ACCUMULATE, not starts or bi != 0 or kk != 0)
+                cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
+
+    @cute.jit
     def issue_pv(self, acc_o, tOrP, tOrV, stage, p_in_registers: cutlass.Constexpr[bool] = False):
         """O += P.V of the K tile in ``stage`` for one warpgroup's 256 columns, issued and committed as
         one wgmma group: P from smem (SS), or with ``p_in_registers`` from registers (RS, ``tOrP`` an

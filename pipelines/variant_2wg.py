@@ -38,7 +38,6 @@ HALF = HEAD_DIM_V // 2
 # ``kv_groups = 2``: a K stage's 64-column blocks in two groups with their own barriers
 # (``MLADecode2WG.kv_group_cols``). Group A holds V's left half, which only WG0 reads (its QK and its P.V);
 # group B V's right half (WG0's QK, WG1's P.V).
-K_STEPS_PER_BLOCK = COL_BLOCK // 16  # QK's k16 steps per 64-column block
 
 
 class MLADecode2WG(MLADecodeBase):
@@ -206,20 +205,11 @@ class MLADecode2WG(MLADecodeBase):
             if const_expr(not self.kv_groups_qk_split):
                 self.loader.consumer_wait(pipe_b, k_state)
             warpgroup.fence()  # after the barrier's wait loop (else ptxas serializes the chain)
-            cols_a, cols_b = self.kv_group_cols
-            for bi in cutlass.range_constexpr(len(cols_a)):
-                for kk in cutlass.range_constexpr(K_STEPS_PER_BLOCK):
-                    k = cols_a[bi] * K_STEPS_PER_BLOCK + kk
-                    mma_qk.set(warpgroup.Field.ACCUMULATE, bi != 0 or kk != 0)
-                    cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, k_state.index], acc_s)
+            self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, k_state.index, self.kv_group_cols[0], True)
             if const_expr(self.kv_groups_qk_split):
                 self.loader.consumer_wait(pipe_b, k_state)
                 warpgroup.fence()
-            for bi in cutlass.range_constexpr(len(cols_b)):
-                for kk in cutlass.range_constexpr(K_STEPS_PER_BLOCK):
-                    k = cols_b[bi] * K_STEPS_PER_BLOCK + kk
-                    mma_qk.set(warpgroup.Field.ACCUMULATE, True)
-                    cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, k_state.index], acc_s)
+            self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, k_state.index, self.kv_group_cols[1], False)
             warpgroup.commit_group()
 
     @cute.jit

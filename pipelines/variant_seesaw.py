@@ -58,7 +58,6 @@ from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, MLADecode
 HALF = HEAD_DIM_V // 2
 G0_COLS = (0, 1, 2, 3)  # 64-column blocks of group 0: V_L
 G1_COLS = (4, 5, 6, 7, 8)  # group 1: V_R and the RoPE block (where P0 goes)
-K_STEPS_PER_BLOCK = COL_BLOCK // 16  # wgmma k16 steps per 64-column block
 
 
 class Bar(enum.IntEnum):
@@ -120,20 +119,12 @@ class MLADecodeSeesaw(MLADecodeBase):
         other group's (each after its full barrier)."""
         self.loader.consumer_wait(pipe_first, state_first)
         warpgroup.fence()
-        for bi in cutlass.range_constexpr(len(first_cols)):
-            for kk in cutlass.range_constexpr(K_STEPS_PER_BLOCK):
-                k = first_cols[bi] * K_STEPS_PER_BLOCK + kk
-                mma_qk.set(warpgroup.Field.ACCUMULATE, bi != 0 or kk != 0)
-                cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
+        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, first_cols, True)
         self.loader.consumer_wait(pipe_second, state_second)
         # The barrier wait is a loop (a branch) inside the wgmma chain: an explicit fence after it, or
         # ptxas injects one in the loop's divergent path and serializes every wgmma (info C7520).
         warpgroup.fence()
-        for bi in cutlass.range_constexpr(len(second_cols)):
-            for kk in cutlass.range_constexpr(K_STEPS_PER_BLOCK):
-                k = second_cols[bi] * K_STEPS_PER_BLOCK + kk
-                mma_qk.set(warpgroup.Field.ACCUMULATE, True)
-                cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
+        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, second_cols, False)
         warpgroup.commit_group()
         warpgroup.wait_group(0)
 
