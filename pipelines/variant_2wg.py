@@ -196,42 +196,62 @@ class MLADecode2WG(MLADecodeBase):
         """WG0: wait for the tile in ``k_state``'s stage and issue its QK as one committed group (not
         waited for). With ``kv_groups`` 2 the chain starts on group A and waits for group B halfway."""
         if const_expr(self.kv_groups == 1):
-            self.loader.consumer_wait(pipe_k, k_state)
+            self.k_wait(pipe_k, k_state)
             self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
         else:
-            pipe_a, pipe_b = pipe_k
             mma_qk, _, _ = self.tiled_mmas()
-            self.loader.consumer_wait(pipe_a, k_state)
+            self.k_wait(pipe_k, k_state, 0)
             if const_expr(not self.kv_groups_qk_split):
-                self.loader.consumer_wait(pipe_b, k_state)
+                self.k_wait(pipe_k, k_state, 1)
             warpgroup.fence()  # after the barrier's wait loop (else ptxas serializes the chain)
             self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, k_state.index, self.kv_group_cols[0], True)
             if const_expr(self.kv_groups_qk_split):
-                self.loader.consumer_wait(pipe_b, k_state)
+                self.k_wait(pipe_k, k_state, 1)
                 warpgroup.fence()
             self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, k_state.index, self.kv_group_cols[1], False)
             warpgroup.commit_group()
 
     @cute.jit
-    def k_release(self, pipe_k, k_state, group: cutlass.Constexpr[int] = -1):
-        """Release the stage of ``k_state``: the whole tile, or with ``kv_groups`` 2 the group ``group`` (0: A,
+    def k_wait(self, pipe_k, k_state, group: cutlass.Constexpr[int] = -1):
+        """Wait for the stage of ``k_state``: the whole tile, or with ``kv_groups`` 2 the group ``group`` (0: A,
         1: B; -1: both)."""
-        if const_expr(self.kv_groups == 1):
-            self.loader.consumer_release(pipe_k, k_state)
-        else:
-            pipe_a, pipe_b = pipe_k
-            if const_expr(group != 1):
-                self.loader.consumer_release(pipe_a, k_state)
-            if const_expr(group != 0):
-                self.loader.consumer_release(pipe_b, k_state)
-
-    @cute.jit
-    def k_wait_wg1(self, pipe_k, k_state):
-        """WG1's wait for the tile its P.V reads: the whole tile, or group B with ``kv_groups`` 2."""
         if const_expr(self.kv_groups == 1):
             self.loader.consumer_wait(pipe_k, k_state)
         else:
-            self.loader.consumer_wait(pipe_k[1], k_state)
+            if const_expr(group != 1):
+                self.loader.consumer_wait(pipe_k[0], k_state)
+            if const_expr(group != 0):
+                self.loader.consumer_wait(pipe_k[1], k_state)
+
+    @cute.jit
+    def k_release(self, pipe_k, k_state, group: cutlass.Constexpr[int] = -1):
+        """Release the stage of ``k_state``: the whole tile, or with ``kv_groups`` 2 the group ``group`` (as
+        ``k_wait``)."""
+        if const_expr(self.kv_groups == 1):
+            self.loader.consumer_release(pipe_k, k_state)
+        else:
+            if const_expr(group != 1):
+                self.loader.consumer_release(pipe_k[0], k_state)
+            if const_expr(group != 0):
+                self.loader.consumer_release(pipe_k[1], k_state)
+
+    @cute.jit
+    def wg0_release_after_qk(self, pipe_k, k_state):
+        """WG0 once its QK of the tile retired: group B with ``kv_groups`` 2 (WG0 reads no more of it), else
+        nothing."""
+        if const_expr(self.kv_groups == 2):
+            self.k_release(pipe_k, k_state, 1)
+
+    @cute.jit
+    def wg0_release_after_pv(self, pipe_k, k_state):
+        """WG0 once its P.V of the tile retired: group A with ``kv_groups`` 2 (B went after the QK), else the
+        tile."""
+        self.k_release(pipe_k, k_state, 0 if const_expr(self.kv_groups == 2) else -1)
+
+    def wg1_group(self) -> int:
+        """The K group WG1's P.V reads (``k_wait`` / ``k_release`` / ``load_k``): B with ``kv_groups`` 2, else
+        the tile (-1)."""
+        return 1 if self.kv_groups == 2 else -1
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -334,12 +354,11 @@ class MLADecode2WG(MLADecodeBase):
             acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
             self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_state)
             warpgroup.wait_group(0)
-            if const_expr(self.kv_groups == 2):
-                self.k_release(pipe_k, k_state, 1)  # WG0 is done with group B once its QK retired
+            self.wg0_release_after_qk(pipe_k, k_state)
             self.wg0_softmax_pv(acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max, row_sum,
                                 row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
             warpgroup.wait_group(0)
-            self.k_release(pipe_k, k_state, 0 if const_expr(self.kv_groups == 2) else -1)
+            self.wg0_release_after_pv(pipe_k, k_state)
             k_state.advance()
         return k_state
 
@@ -363,12 +382,9 @@ class MLADecode2WG(MLADecodeBase):
             last = start + (stop - 1 - start) // self.split_cluster * self.split_cluster
             self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_state)
             warpgroup.wait_group(0)
-            if const_expr(self.kv_groups == 2):
-                self.k_release(pipe_k, k_state, 1)  # WG0 is done with group B once its QK retired
+            self.wg0_release_after_qk(pipe_k, k_state)
         k_next = k_state.clone()
         k_next.advance()
-        # What WG0 releases once a tile's P.V retired: the tile, or group A (B went after its QK).
-        after_pv = 0 if const_expr(self.kv_groups == 2) else -1
         for blk in cutlass.range(start, last, self.split_cluster, unroll=1):
             self.wg0_softmax_pv(acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max, row_sum,
                                 row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
@@ -382,17 +398,16 @@ class MLADecode2WG(MLADecodeBase):
                     cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
                 self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_next)
             warpgroup.wait_group(1)
-            self.k_release(pipe_k, k_state, after_pv)
+            self.wg0_release_after_pv(pipe_k, k_state)
             warpgroup.wait_group(0)
-            if const_expr(self.kv_groups == 2):
-                self.k_release(pipe_k, k_next, 1)
+            self.wg0_release_after_qk(pipe_k, k_next)
             k_state.advance()
             k_next.advance()
         if start < stop:
             self.wg0_softmax_pv(acc_s, last, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max, row_sum,
                                 row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
             warpgroup.wait_group(0)
-            self.k_release(pipe_k, k_state, after_pv)
+            self.wg0_release_after_pv(pipe_k, k_state)
             k_state.advance()
         return k_state
 
@@ -514,7 +529,7 @@ class MLADecode2WG(MLADecodeBase):
                 for i in cutlass.range_constexpr(n_rows_thr):
                     row_scale[i] = s_row_scale[tOcO[i, 0][0]]
                 softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-                self.k_wait_wg1(pipe_k, k_state)
+                self.k_wait(pipe_k, k_state, self.wg1_group())
                 valid = seqlen - blk * BLOCK_N
                 if valid < BLOCK_N:
                     self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
@@ -532,12 +547,12 @@ class MLADecode2WG(MLADecodeBase):
                                         0)
                 warpgroup.wait_group(0)
                 cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-                self.k_release(pipe_k, k_state, 1 if const_expr(self.kv_groups == 2) else -1)
+                self.k_release(pipe_k, k_state, self.wg1_group())
                 k_state.advance()
                 if is_k_producer:
                     if blk + self.kv_stages * self.split_cluster < stop:
                         self.refill(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk + self.kv_stages * self.split_cluster,
-                                    seqlen, kv_head, wg_tidx, next_page, 1 if const_expr(self.kv_groups == 2) else -1)
+                                    seqlen, kv_head, wg_tidx, next_page, self.wg1_group())
                         k_prod.advance()
                     if const_expr(self.prefetches_l2()):
                         if ahead < stop:
@@ -689,11 +704,9 @@ class MLADecode2WG(MLADecodeBase):
         """A K producer warp's load of tile ``blk`` (or of its column group ``group``, ``load_k``) into the
         stage ``k_prod`` points at (acquired inside), with ``page`` from ``next_page_early`` where the loader
         takes it."""
-        if const_expr(self.reads_refill_page_early()):
-            self.load_k(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx, page=page,
-                        group=group)
-        else:
-            self.load_k(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx, group=group)
+        early = page if const_expr(self.reads_refill_page_early()) else None  # None: load_tile reads it
+        self.load_k(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx, page=early,
+                    group=group)
 
     def prefetches_short_chunks(self) -> bool:
         """Whether short chunks are prefetched into L2 whole (``l2_prefetch_chunk_tiles``; TMA pages only)."""
