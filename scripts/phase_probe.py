@@ -70,6 +70,10 @@ def probe_class(base: int):
     """The 64-row 2wg kernel with the module docstring's stamps, adding into the buffer at ``base``."""
 
     class Probed(MLADecode2WG):
+        # One barrier pair per K stage (``MLADecode2WG.kv_groups``): the stamps assume one K wait before an
+        # unbroken QK chain (``issue_qk``) and one release per warpgroup and tile.
+        kv_groups = 1
+
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
 

@@ -64,6 +64,9 @@ def probe_class(form: str):
 
     def make(base: int):
         class Probed(MLADecode2WG):
+            # One barrier pair per K stage (``MLADecode2WG.kv_groups``): the loops below are the one-group
+            # loops, one K wait and one release per tile.
+            kv_groups = 1
             qk_ahead = attrs.get("qk_ahead", False)
             qk_ahead_waits_pv = attrs.get("qk_ahead_waits_pv", True)
 

@@ -3,9 +3,9 @@
     python scripts/timeline.py [--config 64,1,1,16,1024] [--replays 200] [--attr l2_prefetch_chunk_tiles=0]
 
 The library's decode entry for the config (2wg: at <= 32 rows per kv head its narrow kernel, else the
-64-row one) is compiled once more with a subclass that records, per CTA, ``%globaltimer`` (ns, comparable
-across SMs) and ``%clock64`` (SM cycles) at these events, by one thread each (inline PTX, into a buffer
-whose address is baked into the kernel):
+64-row one, with one barrier pair per K stage) is compiled once more with a subclass that records, per
+CTA, ``%globaltimer`` (ns, comparable across SMs) and ``%clock64`` (SM cycles) at these events, by one
+thread each (inline PTX, into a buffer whose address is baked into the kernel):
 
 - ``entry`` (printed as the first column): the CTA runs its first lines (before the barrier inits);
 - ``start``: the roles begin (after the barrier inits, griddepcontrol.wait and the plan row's loads
@@ -211,7 +211,9 @@ def timed_class(base: int, parent):
     if issubclass(parent, MLADecode2WGNarrow):
         hooks.update(issue_st=issue_st, store_transposed=store_transposed)
     else:
-        hooks.update(issue_qk=issue_qk, store_chunk=store_chunk)
+        # One barrier pair per K stage (``MLADecode2WG.kv_groups``): with two column groups the 64-row kernel's
+        # QK does not go through ``issue_qk``, whose call is the tile stamp.
+        hooks.update(issue_qk=issue_qk, store_chunk=store_chunk, kv_groups=1)
     return type("Timed", (parent,), hooks)
 
 
