@@ -448,9 +448,7 @@ class MLADecodeBase:
         mma_qk, _, _ = self.tiled_mmas()
         # A barrier wait is a loop (a branch) before the wgmma chain: the fence comes after it.
         warpgroup.fence()
-        for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2])):
-            mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-            cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
+        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, tuple(range(HEAD_DIM // paged_kv.COL_BLOCK)), True)
         warpgroup.commit_group()
 
     @cute.jit
