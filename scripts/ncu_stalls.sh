@@ -2,7 +2,8 @@
 # Where warps stall, per kernel form (issue 8's softmax-slowdown question), in one device call: ncu's warp
 # state and per-instruction source counters (SASS) for the third replay of scripts/profile_decode.py --mode M,
 # for each mode given, and for scripts/wgmma_rate.py cases after "--rate". The details page and the
-# per-instruction CSV go to $OUT ('+' in a name becomes '_'; the .ncu-rep too with KEEP_REP=1); scripts/ncu_stall_table.py reads the CSVs on any machine.
+# per-instruction CSV go to $OUT ('+' in a name becomes '_'; the .ncu-rep too with KEEP_REP=1);
+# scripts/ncu_stall_table.py reads the CSVs on any machine.
 #
 #   run(command="source .device/env.sh && bash scripts/ncu_stalls.sh 64,128,1,128,4096 2wg 2wg-qk-ahead \
 #       --rate alu-ss+qk-ss falu-ss+qk-ss", carry=[".device"])

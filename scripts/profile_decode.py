@@ -35,19 +35,18 @@ def main(argv=None) -> int:
 
     page, b, s_q, h_q, seqlen = (int(x) for x in args.config.split(","))
     cfg = Config(page_size=page, b=b, s_q=s_q, h_q=h_q, seqlen=seqlen)
-    inp = bench.make_inputs(cfg)
     if args.mode:
         from entry_ab import mode_entries
+        from probe_setup import planned_entry
 
-        dec = mla.MLADecoder(pipeline="2wg")
-        dec.plan(inp.cache_seqlens, num_heads_q=cfg.h_q, seq_len_q=cfg.s_q, num_heads_k=1, page_size=cfg.page_size,
-                 dtype=inp.q.dtype, causal=cfg.causal)
+        inp, dec, _ = planned_entry(cfg)
         graphs, _ = bench.capture_entries(mode_entries(dec, [args.mode], {}), inp, dec)
         for _ in range(args.calls):
             graphs[args.mode].replay()
             torch.cuda.synchronize()
         print(f"{args.config}: {args.calls} replays of mode {args.mode}")
         return 0
+    inp = bench.make_inputs(cfg)
     fn = bench.make_decode_fn(mla, args.pipeline, cfg, inp)
     for _ in range(args.calls):
         fn()
