@@ -6,6 +6,8 @@ One CTA per SM (132) loops ``--iters`` times over a committed wgmma group and it
 that stay in shared memory (zeros; the tensor cores' speed does not depend on the values):
 - ``qk``: the score product, 36 k-steps of m64n64k16 (A: a 64 x 576 Q-like tile, B: a 64 x 576 K-like
   tile), SS, or RS with A from registers (``-rs``);
+- ``qk32``: ``qk`` on 32 keys (m64n32k16, B: the first 32 rows of the K-like tile): the score product of a
+  design that splits each 64-token tile's keys between two warpgroups (``qk32-ss+qk32-ss``);
 - ``pv``: one half of P.V, 4 k-steps of m64n256k16 (A: 64 x 64 P-like, B: 256 x 64), SS;
 - ``qkf``: ``qk`` with a ``wgmma.fence`` before every 4 k-steps (one 64-column box of K): what a QK chain
   that waits on a barrier per K box (a seesaw's per-box stages) must issue after each wait;
@@ -14,6 +16,7 @@ that stay in shared memory (zeros; the tensor cores' speed does not depend on th
 - ``pvqk``: one ``pv`` (P from registers with ``-rs``, as 2wg's WG0) then one ``qk`` (SS) per iteration, the
   QK issued right behind the P.V as a second commit group and both waited for together (``qk_ahead``'s order);
   ``pvwqk``: the same with the P.V waited for before the QK is issued (the committed kernel's order);
+  ``pvwqk32``: ``pvwqk`` with ``qk32``: the tensor work of one warpgroup's tile in the key-split design, no softmax;
 - ``alu``: no wgmma: a softmax-like pass per iteration over 32 fp32 registers per thread (scale, max tree,
   exp2, row sum, as WG0's softmax of a 64x64 tile), to time beside another warpgroup's wgmma on the same SM
   sub-partitions (``alu-ss+pv-ss``: WG1 loops over P.V twice as many times as WG0's passes, so every pass
@@ -59,8 +62,8 @@ from pipelines import layouts  # noqa: E402
 from pipelines.launch import TVM_FFI_OPTION  # noqa: E402
 
 BF16 = cutlass.BFloat16
-SHAPES = {"qk": (64, 576), "qkf": (64, 576), "qkb": (64, 576), "pv": (256, 64)}  # (N, K) of each product; M is 64
-CHAINS = {"pvqk": ("pv", "qk"), "pvwqk": ("pv", "qk")}  # two products per iteration, in this order
+SHAPES = {"qk": (64, 576), "qkf": (64, 576), "qkb": (64, 576), "qk32": (32, 576), "pv": (256, 64)}  # (N, K); M is 64
+CHAINS = {"pvqk": ("pv", "qk"), "pvwqk": ("pv", "qk"), "pvwqk32": ("pv", "qk32")}  # two products per iteration, in order
 
 
 def macs(kind: str) -> int:
@@ -88,6 +91,7 @@ class WgmmaRate:
         sB_layout = layouts.smem_tile_layout(BF16, 64, 576)
         sPA_layout = layouts.smem_tile_layout(BF16, 64, 64)
         sPB_layout = layouts.smem_tile_layout(BF16, 256, 64)
+        sB32_layout = layouts.smem_tile_layout(BF16, 32, 576)
 
         @cute.struct
         class Storage:
@@ -99,12 +103,12 @@ class WgmmaRate:
             bulk_bar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, 1], 8]
 
         self.storage = Storage
-        self.kernel(out, iters, sA_layout, sB_layout, sPA_layout, sPB_layout).launch(
+        self.kernel(out, iters, sA_layout, sB_layout, sPA_layout, sPB_layout, sB32_layout).launch(
             grid=[132, 1, 1], block=[128 * len(self.roles), 1, 1], smem=Storage.size_in_bytes(), stream=stream)
 
     @cute.kernel
     def kernel(self, out: cute.Tensor, iters: Int32, sA_layout: cute.ComposedLayout, sB_layout: cute.ComposedLayout,
-               sPA_layout: cute.ComposedLayout, sPB_layout: cute.ComposedLayout):
+               sPA_layout: cute.ComposedLayout, sPB_layout: cute.ComposedLayout, sB32_layout: cute.ComposedLayout):
         tidx, _, _ = cute.arch.thread_idx()
         bidx, _, _ = cute.arch.block_idx()
         storage = cutlass.utils.SmemAllocator().allocate(self.storage)
@@ -115,6 +119,8 @@ class WgmmaRate:
                    storage.pb.get_tensor(sPB_layout.outer, swizzle=sPB_layout.inner)),
         }
         views["qkf"] = views["qkb"] = views["qk"]  # the same product, with per-box fences / waits
+        # 32 keys of the K-like tile (its first 32 rows: the swizzle atom is 8 rows, so any multiple of 8 works)
+        views["qk32"] = (views["qk"][0], storage.b.get_tensor(sB32_layout.outer, swizzle=sB32_layout.inner))
         nthreads = 128 * len(self.roles)
         for name in ("qk", "pv"):
             for t in views[name]:
@@ -203,13 +209,14 @@ class WgmmaRate:
         groups, with (``pvwqk``) or without (``pvqk``) a wait for the P.V before the QK's issue."""
         kind, rs = role
         pv_mma, tPA, tPB, acc_o = self.operands("pv", rs, views, wg_tidx)
-        qk_mma, tA, tB, acc_s = self.operands("qk", False, views, wg_tidx)
+        qk_kind = CHAINS[kind][1]
+        qk_mma, tA, tB, acc_s = self.operands(qk_kind, False, views, wg_tidx)
         self.stamp(out, 0, gidx)
         for _ in cutlass.range(iters, unroll=1):
             self.issue("pv", pv_mma, tPA, tPB, acc_o, bar)
-            if const_expr(kind == "pvwqk"):
+            if const_expr(kind != "pvqk"):
                 warpgroup.wait_group(0)
-            self.issue("qk", qk_mma, tA, tB, acc_s, bar, fence=kind == "pvwqk")
+            self.issue(qk_kind, qk_mma, tA, tB, acc_s, bar, fence=kind != "pvqk")
             warpgroup.wait_group(0)
         self.stamp(out, 1, gidx)
         out[gidx] = acc_o[0] + acc_s[0]
