@@ -58,9 +58,6 @@ class MLADecodeBase:
     # value (max is exact). Measured on an H200 (paired A/B, docs/perf-notes.md, twentieth session): 0.98-1.00.
     # A class constant like lazy_rescale (an A/B sets it False on a subclass).
     softmax_tree = True
-    # Every n-th exponential of the softmax on the FMA pipe (``softmax.exp2_poly``) instead of the SFU
-    # (0: none). A class constant like softmax_tree.
-    exp2_poly_every = 0
     # 16-byte stores of O into 16-bit destinations (store_rows_16). A class constant like lazy_rescale
     # (False: one store per fragment pair, the form before; kept for the A/B).
     vector_stores = True
@@ -568,7 +565,7 @@ class MLADecodeBase:
                     if blk * BLOCK_N + tScS[i, j][1] >= row_limit[i]:
                         s_mn[i, j] = -Float32.inf
         softmax.online_softmax_step(s_mn, row_max, row_sum, row_scale, scale_log2, lazy=self.lazy_rescale,
-                                    tree=self.softmax_tree, poly_every=self.exp2_poly_every)
+                                    tree=self.softmax_tree)
 
     @cute.jit
     def tma_load_q(self, tma_q, mQ, sQ, pipe_q, q_state, m_block: Int32, kv_head: Int32, r: Int32):

@@ -11,7 +11,6 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
-from cutlass._mlir.dialects import llvm
 
 LN2 = math.log(2.0)
 LAZY_RESCALE_LOG2 = 8.0
@@ -23,43 +22,10 @@ max, so the result is the same softmax. After the first tiles of a request the m
 that much, so O is almost never rescaled."""
 
 
-# 2^f on [-0.5, 0.5] as a cubic (minimax in relative error, 7.5e-5 at most, also in fp32 Horner form):
-# c0 + f (c1 + f (c2 + f c3)), as fp32 bit patterns for the PTX below.
-EXP2_POLY = (0x3F7FFB4A, 0x3F31798D, 0x3E786EE6, 0x3D61FB53)
-
-
-def exp2_poly(x: Float32) -> Float32:
-    """2^x on the FMA and integer pipes instead of the SFU's ``MUFU.EX2``: x = j + f with j the nearest
-    integer (the 1.5 * 2^23 rounding trick) and f in [-0.5, 0.5]; 2^f from ``EXP2_POLY``; 2^j added into
-    the exponent bits. Relative error at most 7.5e-5 (the SFU's: about 2^-22), far below a 16-bit P's
-    rounding (2^-9). Why: the SFU issues 16 results per clock and SM, so the 32 exponentials per thread of
-    a 64x64 softmax keep it busy about 256 cycles a tile on WG0's serial path while the FMA pipe has room;
-    a share of the exponentials here runs beside the rest on the SFU. x is clamped at -200 and a result
-    whose exponent field would go negative becomes +0, so -inf (a masked key) gives exactly 0, as
-    ``ex2.approx.ftz`` does; x up to 127 is exact in range (the lazy max lets x reach about 8)."""
-    c0, c1, c2, c3 = (f"0f{c:08X}" for c in EXP2_POLY)
-    return Float32(llvm.inline_asm(
-        Float32.mlir_type, [Float32(x).ir_value()],
-        "{\n.reg .f32 xc, t, j, f, p;\n.reg .b32 tb, pb;\n"
-        "max.ftz.f32 xc, $1, 0fC3480000;\n"            # -200
-        "add.rn.ftz.f32 t, xc, 0f4B400000;\n"          # + 1.5 * 2^23: j in t's low mantissa bits
-        "sub.rn.ftz.f32 j, t, 0f4B400000;\n"
-        "sub.rn.ftz.f32 f, xc, j;\n"
-        f"fma.rn.ftz.f32 p, f, {c3}, {c2};\n"
-        f"fma.rn.ftz.f32 p, p, f, {c1};\n"
-        f"fma.rn.ftz.f32 p, p, f, {c0};\n"
-        "mov.b32 tb, t;\nmov.b32 pb, p;\n"
-        "shl.b32 tb, tb, 23;\n"                        # j << 23 (t's high bits shift out)
-        "add.s32 pb, pb, tb;\n"
-        "max.s32 pb, pb, 0;\n"                         # exponent underflow -> +0
-        "mov.b32 $0, pb;\n}",
-        "=f,f", has_side_effects=False))
-
-
 @cute.jit
 def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
                         row_scale: cute.Tensor, scale_log2: Float32, lazy: cutlass.Constexpr[bool] = False,
-                        tree: cutlass.Constexpr[bool] = False, poly_every: cutlass.Constexpr[int] = 0):
+                        tree: cutlass.Constexpr[bool] = False):
     """Turn scores ``s_mn`` (rows x cols view, in place) into unnormalised probabilities.
 
     Updates the running ``row_max`` (raw score units) and the thread-partial ``row_sum``, and writes
@@ -70,7 +36,6 @@ def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
     (then ``row_scale`` is exactly 1; see ``rescale_rows_if_needed``).
     ``tree``: the thread's row max as a pairwise tree (log2 depth) instead of one chain (same value:
     max is exact).
-    ``poly_every``: see ``settle_max``.
     """
     for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
         m_prev = row_max[i]
@@ -82,7 +47,7 @@ def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
                 m_new = cute.arch.fmax(m_new, s_mn[i, j])
         m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
         row_max[i], row_scale[i], row_sum[i] = settle_max(s_mn[i, None], m_prev, m_new, row_sum[i], scale_log2,
-                                                          lazy, poly_every)
+                                                          lazy)
 
 
 def _tree_max(vals: list):
@@ -96,14 +61,13 @@ def _tree_max(vals: list):
 
 @cute.jit
 def settle_max(scores: cute.Tensor, m_prev: Float32, m_new: Float32, sum_prev: Float32, scale_log2: Float32,
-               lazy: cutlass.Constexpr[bool], poly_every: cutlass.Constexpr[int] = 0):
+               lazy: cutlass.Constexpr[bool]):
     """One row's online softmax step once its new max is known (``m_new``: the max over the previous
     max and every holder of the row's scores): ``scores`` (this thread's share of the row, in place)
     become unnormalised probabilities. Returns ``(max kept, factor for the earlier output, the
     thread-partial sum)``; with ``lazy`` the previous max is kept unless ``m_new`` exceeds it by more
     than ``LAZY_RESCALE_LOG2``. A row with max -inf so far gets probabilities 0 and factor 1 (taken
-    against a max of 0, to avoid inf - inf). ``poly_every`` > 0: every ``poly_every``-th score (the
-    last of each group) takes ``exp2_poly`` instead of the SFU's exponential."""
+    against a max of 0, to avoid inf - inf)."""
     if const_expr(lazy):
         # (-inf - -inf is NaN: the comparison is false and the max stays -inf, as it should.)
         if (m_new - m_prev) * scale_log2 <= Float32(LAZY_RESCALE_LOG2):
@@ -115,12 +79,7 @@ def settle_max(scores: cute.Tensor, m_prev: Float32, m_new: Float32, sum_prev: F
     factor = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
     acc = Float32(0.0)
     for j in cutlass.range_constexpr(cute.size(scores)):
-        x = scores[j] * scale_log2 - m_scaled
-        p = Float32(0.0)
-        if const_expr(poly_every > 0 and j % poly_every == poly_every - 1):
-            p = exp2_poly(x)
-        else:
-            p = cute.math.exp2(x, fastmath=True)
+        p = cute.math.exp2(scores[j] * scale_log2 - m_scaled, fastmath=True)
         scores[j] = p
         acc += p
     return m_new, factor, sum_prev * factor + acc

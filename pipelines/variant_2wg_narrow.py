@@ -271,8 +271,7 @@ class MLADecode2WGNarrow(MLADecode2WG):
                 m_new = self.warps_total(part_max, col_max, s_col_max, tTcT, wg_tidx, "max")
                 for j in cutlass.range_constexpr(n_col):
                     col_max[j], col_scale[j], col_sum[j] = softmax.settle_max(
-                        t_mn[None, j], col_max[j], m_new[j], col_sum[j], scale_log2, self.lazy_rescale,
-                        self.exp2_poly_every)
+                        t_mn[None, j], col_max[j], m_new[j], col_sum[j], scale_log2, self.lazy_rescale)
 
                 # P^T and the columns' factors once WG1's previous P.V is done with them, then P_FULL.
                 rP = cute.make_rmem_tensor_like(acc_t, self.dtype)

@@ -74,11 +74,6 @@ MODES = {
     "2wg-kg2-qk-ahead": ("2wg", dict(kv_groups=2, qk_ahead=True), True),
     "2wg-kg2-qk-ahead-early": ("2wg", dict(kv_groups=2, qk_ahead=True, p_fence_after_pv=False), True),  # P_FULL before WG0's P.V
     "2wg-kg2-qk-ahead-nowait": ("2wg", dict(kv_groups=2, qk_ahead=True, qk_ahead_waits_pv=False), True),
-    # every n-th softmax exponential on the FMA pipe (softmax.exp2_poly) instead of the SFU
-    "2wg-poly2": ("2wg", dict(exp2_poly_every=2), False),
-    "2wg-poly3": ("2wg", dict(exp2_poly_every=3), False),
-    "2wg-poly4": ("2wg", dict(exp2_poly_every=4), False),
-    "2wg-poly8": ("2wg", dict(exp2_poly_every=8), False),
     "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
     "seesaw": ("seesaw", None, False),
