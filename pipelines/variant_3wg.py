@@ -16,7 +16,9 @@ skeleton's, one 256-column half per consumer, as in 2wg.
 Which QK split, and why: one consumer does all of QK, the other only P.V. FlashInfer's FA3-style form
 splits QK along the KV tile instead (each consumer scores half the tokens), which needs a
 cross-consumer row-max exchange through smem and a named barrier every tile, on the critical path of
-both consumers; that exchange is what made FlashInfer drop the form at h_q = 128. Here the only
+both consumers; that exchange is what made FlashInfer drop the form at h_q = 128. Its score product is
+also half as wide (m64n32k16), and shared-memory operand reads bind those steps: measured at 0.61 of the
+tensor peak against 0.92 for the 64-key steps (docs/perf-notes.md, twenty-fifth session). Here the only
 exchange is 2wg's one-way P hand-off, which WG2 consumes off WG1's critical path. The cost is
 imbalance: per tile WG1 issues QK (36 k-steps of 64x64) plus half of P.V, WG2 only the other half,
 so WG2 idles part of each tile while the tensor cores stay busy with WG1's work.
