@@ -1,10 +1,14 @@
 """A/B of split plans on the GPU: the default plan against plans made with a smaller ``fixed_cost``
 (shorter, more chunks where requests are split) or without the aligned plan's chunk sizes under ``target``
 (``--prev``: ``planner.BELOW_TARGET`` 0, the rule before the twentieth session) or FlashMLA's balanced plan
-(``--balanced F``), same kernel, same inputs,
-CUDA-graph replays timed in interleaved rounds.
+(``--balanced F``) or a plan of ``K`` whole requests per part (``--whole K``: no request split, no merge;
+where ``ceil(b / K)`` parts suffice), same kernel, same inputs, CUDA-graph replays timed in interleaved rounds.
+Time two plans at a time where one of them leaves SMs idle: a graph that draws much less power raises the SM
+clock for the graph replayed after it, and with three or more graphs in the rotation that bias does not cancel
+(docs/perf-notes.md, twenty-fifth session: a plan read 4-9% faster beside a half-idle plan, 0-1% alone).
 
-    python scripts/chunk_ab.py [--cost 4 --cost 2 ...] [--prev] [--balanced 0 ...] [--replays 300] [--passes 2] [--config 64,8,1,64,4096 ...]
+    python scripts/chunk_ab.py [--cost 4 --cost 2 ...] [--prev] [--balanced 0 ...] [--whole 4 ...] [--replays 300]
+                               [--passes 2] [--config 64,8,1,64,4096 ...]
 
 For each config the plans of ``split_k.planner.plan(lengths, parts, fixed_cost=F)`` for the default F and
 each ``--cost`` (identical plans are timed once; with ``--prev`` no other cost unless given), each passed to
@@ -27,12 +31,31 @@ CONFIGS = ((64, 8, 1, 64, 4096), (64, 1, 1, 128, 16384), (64, 1, 1, 16, 16384), 
 MAX_DIFF = 2e-2
 
 
+def whole_plan(lengths, num_parts: int, k: int):
+    """``(metadata, num_splits)``: requests ``k p .. k p + k - 1`` whole in part ``p``, the other parts empty;
+    None where ``ceil(b / k)`` parts do not fit ``num_parts``."""
+    import torch
+
+    from split_k import planner
+
+    b = len(lengths)
+    if -(-b // k) > num_parts:
+        return None
+    meta = torch.tensor([[0, 0, -1, 0, 0, 0, 0, 0]] * num_parts, dtype=torch.int32)
+    for p in range(-(-b // k)):
+        last = min(b, (p + 1) * k) - 1
+        meta[p, :5] = torch.tensor([p * k, 0, last, planner.n_blocks(lengths[last]), 0], dtype=torch.int32)
+    return meta, torch.arange(b + 1, dtype=torch.int32)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cost", action="append", type=int, default=[], help="fixed_cost of another plan (default 4, 3, 2)")
     ap.add_argument("--prev", action="store_true", help="also the plan without chunk sizes under target")
     ap.add_argument("--balanced", action="append", type=int, default=[],
                     help="also the balanced plan (FlashMLA's; aligned=False) with this fixed_cost")
+    ap.add_argument("--whole", action="append", type=int, default=[],
+                    help="also the plan of this many whole requests per part")
     ap.add_argument("--replays", type=int, default=300)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen")
@@ -62,6 +85,10 @@ def main(argv=None) -> int:
             add(f"F={cost}", planner.plan(lengths, parts, fixed_cost=cost))
         for cost in args.balanced:
             add(f"bal F={cost}", planner.plan(lengths, parts, fixed_cost=cost, aligned=False))
+        for k in args.whole:
+            plan = whole_plan(lengths, parts, k)
+            if plan is not None:
+                add(f"whole {k}", plan)
         if args.prev:
             below, planner.BELOW_TARGET = planner.BELOW_TARGET, 0
             try:
