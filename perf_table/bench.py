@@ -236,14 +236,29 @@ def capture_entries(entries: dict, inp: Inputs, dec, calls: int = 1) -> tuple[di
     return graphs, outs
 
 
+def round_orders(n: int) -> list[list[int]]:
+    """Orders of ``n`` graphs for successive rounds (a Williams design): over the list every graph takes
+    every position equally often and directly follows every other graph equally often (``n`` orders for
+    even ``n``, ``2 n`` for odd ``n``; for 2 graphs the plain alternation). Why not a rotation: a graph
+    runs at the SM clock the graphs just before it left, and a graph that draws less power (a plan that
+    leaves SMs idle) raises it; a rotation puts each graph behind the same other one in every round, so
+    that graph's timing carries the bias (measured: a plan read 5% faster behind a half-idle plan,
+    docs/perf-notes.md, twenty-fifth session)."""
+    base = [0] + [(k + 1) // 2 if k % 2 else n - k // 2 for k in range(1, n)]
+    rows = [[(x + i) % n for x in base] for i in range(n)]
+    return rows if n % 2 == 0 else rows + [row[::-1] for row in rows]
+
+
 def time_graphs_interleaved(graphs: dict, replays: int = 100, rounds: int | None = None,
                             per: int | None = None) -> dict[str, list[float]]:
     """Per-replay times in microseconds of several captured graphs (``{name: graph}``), measured in
-    rounds, the order of the graphs rotated every round, so that a drift in clocks or temperature
-    during the measurement (a compute-bound config slows down as the GPU heats) falls on every graph
-    alike instead of on whichever is timed last. Each round replays every graph ``per`` times in a row
-    (default: ``ceil(replays / rounds)`` with ``rounds`` default two per graph); ``per=1`` alternates
-    the graphs replay by replay, so sample ``i`` of every graph comes from the same round (the finest
+    rounds, each round in the next order of ``round_orders`` (every graph first, middle and last equally
+    often, and behind every other graph equally often), so that a drift in clocks or temperature during
+    the measurement (a compute-bound config slows down as the GPU heats), or the clock a graph leaves to
+    the next one, falls on every graph alike instead of on whichever is timed last or behind a given one.
+    Each round replays every graph ``per`` times in a row (default: ``ceil(replays / rounds)`` with
+    ``rounds`` default two per graph, which completes the design for any count); ``per=1`` alternates the
+    graphs replay by replay, so sample ``i`` of every graph comes from the same round (the finest
     pairing). Returns ``{name: samples}``, about ``replays`` samples each, in round order."""
     import torch
 
@@ -257,11 +272,11 @@ def time_graphs_interleaved(graphs: dict, replays: int = 100, rounds: int | None
     # the GPU runs a batch's replays back to back, and the host does not wait after every round.
     batch = max(1, 10 // per)
     samples: dict[str, list[float]] = {n: [] for n in names}
+    orders = round_orders(len(names))
     for first in range(0, rounds, batch):
         visits = []
         for r in range(first, min(first + batch, rounds)):
-            shift = r % len(names)
-            for name in names[shift:] + names[:shift]:
+            for name in (names[i] for i in orders[r % len(orders)]):
                 visits.append((name, [torch.cuda.Event(enable_timing=True) for _ in range(per)],
                                [torch.cuda.Event(enable_timing=True) for _ in range(per)]))
         _backlog(torch, per * len(visits))

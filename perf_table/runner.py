@@ -42,8 +42,10 @@ TIMING = {
               "preallocated), replayed back to back behind a spin kernel; CUDA events around each "
               "replay; median reported. All rows of one config (its pipelines, auto, its multicast-off "
               "pipelines) are captured together and replayed in interleaved rounds (2 rounds per row, "
-              "ceil(replays / rounds) replays of each per round), the order rotated each round, so drift "
-              "during the measurement falls on all of them alike; an auto row's 'paired' holds, per "
+              "ceil(replays / rounds) replays of each per round), each round in the next order of a "
+              "Williams design (every row at every position and behind every other row equally often), "
+              "so drift during the measurement and the clock a row leaves to the next fall on all of them "
+              "alike; an auto row's 'paired' holds, per "
               "variant of its config, the median over i of auto's i-th replay time / that variant's i-th "
               "(taken in the same round)",
     "eager_calls_before_capture": 2,
@@ -448,9 +450,9 @@ def main(quick: bool = False, pipeline: str | list[str] | None = None, out: str 
         return shared[key]
 
     # All rows of one config (its pipelines, auto, and the multicast-off pipelines: the same-run A/Bs)
-    # are timed together: each captured once, then replayed in interleaved rounds with the order
-    # rotated (bench.time_graphs_interleaved), so clock and temperature drift does not favour the row
-    # timed first. The first row of a group measures the group; the others take their samples from it.
+    # are timed together: each captured once, then replayed in interleaved rounds in balanced orders
+    # (bench.time_graphs_interleaved), so clock and temperature drift does not favour the row timed
+    # first, nor the clock a row leaves to the next one the row behind it. The first row of a group measures the group; the others take their samples from it.
     def group_key(cfg):
         return dataclasses.replace(cfg, multicast=None)
 

@@ -1,6 +1,7 @@
 """CPU tests of perf_table: formulas, grid, the runner's bookkeeping, regeneration, the CLI."""
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import io
@@ -694,19 +695,35 @@ def _fake_interleaving(monkeypatch):
     return {n: Graph(n) for n in "abc"}, order, syncs, backlogs
 
 
-def test_interleaved_rounds_rotate_the_order(monkeypatch):
-    """time_graphs_interleaved: every graph gets about `replays` samples, in rounds whose order is
-    rotated, so each graph is timed first, in the middle and last equally often."""
+def test_interleaved_rounds_balance_position_and_predecessor(monkeypatch):
+    """time_graphs_interleaved: every graph gets about `replays` samples, in rounds whose orders put each
+    graph first, in the middle and last equally often, and directly behind each other graph equally often
+    (a rotation would put it behind the same one every round)."""
     graphs, order, _, _ = _fake_interleaving(monkeypatch)
     samples = bench.time_graphs_interleaved(graphs, replays=12)
     assert {n: len(v) for n, v in samples.items()} == {"a": 12, "b": 12, "c": 12} and samples["a"][0] == 1.0
-    rounds = [order[i:i + 2] for i in range(0, len(order), 2)]  # 6 rounds x 3 graphs x 2 replays
-    firsts = [order[i] for i in range(0, len(order), 6)]
-    assert firsts == ["a", "b", "c", "a", "b", "c"] and len(rounds) == 18
+    assert len(order) == 36  # 6 rounds x 3 graphs x 2 replays
+    rounds = [order[i:i + 6:2] for i in range(0, 36, 6)]
+    for pos in range(3):
+        assert sorted(r[pos] for r in rounds) == list("aabbcc")
+    pairs = collections.Counter((r[k], r[k + 1]) for r in rounds for k in range(2))
+    assert pairs == {(x, y): 2 for x in "abc" for y in "abc" if x != y}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 6, 7])
+def test_round_orders_is_a_williams_design(n):
+    """round_orders: permutations in which every graph takes every position equally often and follows
+    every other graph equally often."""
+    orders = bench.round_orders(n)
+    assert len(orders) == (n if n % 2 == 0 else 2 * n) and all(sorted(o) == list(range(n)) for o in orders)
+    for pos in range(n):
+        assert collections.Counter(o[pos] for o in orders) == {i: len(orders) // n for i in range(n)}
+    pairs = collections.Counter((o[k], o[k + 1]) for o in orders for k in range(n - 1))
+    assert set(pairs.values()) <= {len(orders) // n} and len(pairs) == n * (n - 1)
 
 
 def test_interleaved_per_one_alternates_replay_by_replay(monkeypatch):
-    """per=1: every round replays each graph once (the order rotated), so sample i of every graph
+    """per=1: every round replays each graph once (in the rounds' balanced orders), so sample i of every graph
     comes from round i; several rounds share one backlog and one synchronize."""
     graphs, order, syncs, backlogs = _fake_interleaving(monkeypatch)
     samples = bench.time_graphs_interleaved(graphs, replays=25, per=1)
