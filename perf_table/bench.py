@@ -257,9 +257,12 @@ def time_graphs_interleaved(graphs: dict, replays: int = 100, rounds: int | None
     the measurement (a compute-bound config slows down as the GPU heats), or the clock a graph leaves to
     the next one, falls on every graph alike instead of on whichever is timed last or behind a given one.
     Each round replays every graph ``per`` times in a row (default: ``ceil(replays / rounds)`` with
-    ``rounds`` default two per graph, which completes the design for any count); ``per=1`` alternates the
-    graphs replay by replay, so sample ``i`` of every graph comes from the same round (the finest
-    pairing). Returns ``{name: samples}``, about ``replays`` samples each, in round order."""
+    ``rounds`` default two per graph, a whole number of passes through the design for any count; a
+    ``rounds`` or ``per`` given otherwise may end inside a pass); ``per=1`` alternates the graphs replay by
+    replay, so sample ``i`` of every graph comes from the same round (the finest pairing). The design
+    balances neighbours within a round; where several rounds share one backlog (``per`` <= 5) the last
+    graph of a round also precedes the first of the next, unbalanced. Returns ``{name: samples}``, about
+    ``replays`` samples each, in round order."""
     import torch
 
     names = list(graphs)

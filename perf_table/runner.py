@@ -452,7 +452,7 @@ def main(quick: bool = False, pipeline: str | list[str] | None = None, out: str 
     # All rows of one config (its pipelines, auto, and the multicast-off pipelines: the same-run A/Bs)
     # are timed together: each captured once, then replayed in interleaved rounds in balanced orders
     # (bench.time_graphs_interleaved), so clock and temperature drift does not favour the row timed
-    # first, nor the clock a row leaves to the next one the row behind it. The first row of a group measures the group; the others take their samples from it.
+    # first, and the SM clock a row leaves behind does not always fall on the same next row. The first row of a group measures the group; the others take their samples from it.
     def group_key(cfg):
         return dataclasses.replace(cfg, multicast=None)
 

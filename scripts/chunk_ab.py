@@ -3,9 +3,10 @@
 (``--prev``: ``planner.BELOW_TARGET`` 0, the rule before the twentieth session) or FlashMLA's balanced plan
 (``--balanced F``) or a plan of ``K`` whole requests per part (``--whole K``: no request split, no merge;
 where ``ceil(b / K)`` parts suffice), same kernel, same inputs, CUDA-graph replays timed in interleaved rounds.
-Time two plans at a time where one of them leaves SMs idle: a graph that draws much less power raises the SM
-clock for the graph replayed after it, and with three or more graphs in the rotation that bias does not cancel
-(docs/perf-notes.md, twenty-fifth session: a plan read 4-9% faster beside a half-idle plan, 0-1% alone).
+A plan that leaves SMs idle draws less power and raises the SM clock for the graph replayed after it: under the
+rotation the timing used before 688ae06 that favoured one plan by 4-9% (docs/perf-notes.md, twenty-fifth session);
+the balanced round orders remove the bias, but beside such a plan the pass-to-pass spread stays about 3%, so time
+two plans at a time where it matters.
 
     python scripts/chunk_ab.py [--cost 4 --cost 2 ...] [--prev] [--balanced 0 ...] [--whole 4 ...] [--replays 300]
                                [--passes 2] [--config 64,8,1,64,4096 ...]
@@ -38,6 +39,8 @@ def whole_plan(lengths, num_parts: int, k: int):
 
     from split_k import planner
 
+    if k < 1:
+        raise SystemExit(f"--whole must be at least 1, got {k}")
     b = len(lengths)
     if -(-b // k) > num_parts:
         return None
@@ -87,7 +90,9 @@ def main(argv=None) -> int:
             add(f"bal F={cost}", planner.plan(lengths, parts, fixed_cost=cost, aligned=False))
         for k in args.whole:
             plan = whole_plan(lengths, parts, k)
-            if plan is not None:
+            if plan is None:
+                print(f"  {cfg.label()}: {k} whole requests per part need more than {parts} parts; not timed")
+            else:
                 add(f"whole {k}", plan)
         if args.prev:
             below, planner.BELOW_TARGET = planner.BELOW_TARGET, 0

@@ -6,7 +6,7 @@ One CTA per SM (132) loops ``--iters`` times over a committed wgmma group and it
 that stay in shared memory (zeros; the tensor cores' speed does not depend on the values):
 - ``qk``: the score product, 36 k-steps of m64n64k16 (A: a 64 x 576 Q-like tile, B: a 64 x 576 K-like
   tile), SS, or RS with A from registers (``-rs``);
-- ``qk32``: ``qk`` on 32 keys (m64n32k16, B: the first 32 rows of the K-like tile): the score product of a
+- ``qk32``: ``qk`` on 32 keys (m64n32k16, B: a 32 x 576 tile in the K-like tile's storage): the score product of a
   design that splits each 64-token tile's keys between two warpgroups (``qk32-ss+qk32-ss``);
 - ``pv``: one half of P.V, 4 k-steps of m64n256k16 (A: 64 x 64 P-like, B: 256 x 64), SS;
 - ``qkf``: ``qk`` with a ``wgmma.fence`` before every 4 k-steps (one 64-column box of K): what a QK chain
@@ -119,7 +119,7 @@ class WgmmaRate:
                    storage.pb.get_tensor(sPB_layout.outer, swizzle=sPB_layout.inner)),
         }
         views["qkf"] = views["qkb"] = views["qk"]  # the same product, with per-box fences / waits
-        # 32 keys of the K-like tile (its first 32 rows: the swizzle atom is 8 rows, so any multiple of 8 works)
+        # a 32 x 576 tile laid out in the K-like tile's storage (same swizzle and descriptor strides; the values are zeros)
         views["qk32"] = (views["qk"][0], storage.b.get_tensor(sB32_layout.outer, swizzle=sB32_layout.inner))
         nthreads = 128 * len(self.roles)
         for name in ("qk", "pv"):
@@ -205,8 +205,9 @@ class WgmmaRate:
 
     @cute.jit
     def run_chain(self, role, views, bar, wg_tidx, iters, out, gidx):
-        """``pvqk`` / ``pvwqk``: P.V (A from registers with ``rs``) then QK (SS) per iteration, as two commit
-        groups, with (``pvwqk``) or without (``pvqk``) a wait for the P.V before the QK's issue."""
+        """``pvqk`` / ``pvwqk`` / ``pvwqk32``: P.V (A from registers with ``rs``) then QK (SS; 32 keys for
+        ``pvwqk32``) per iteration, as two commit groups, with (``pvwqk``, ``pvwqk32``) or without (``pvqk``) a
+        wait for the P.V before the QK's issue."""
         kind, rs = role
         pv_mma, tPA, tPB, acc_o = self.operands("pv", rs, views, wg_tidx)
         qk_kind = CHAINS[kind][1]
