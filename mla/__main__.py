@@ -101,6 +101,22 @@ def gpu_check(page_sizes=GPU_CHECK_PAGE_SIZES) -> bool:
     return ok and ran > 0
 
 
+def decode_case(variant: str, seqlens, page_size: int, s_q: int, h_q: int, h_kv: int, causal: bool):
+    """One decode of ``variant`` through the public API on a fresh problem with these request lengths (NaN
+    in every unused cache slot), compared with the fp32 reference: the ``Comparison``. Exceptions of the
+    call propagate."""
+    # The anchors' value distribution (randn / 10, clamped), for which the tolerances are made.
+    prob = make_decode_problem(seqlens, s_q=s_q, h_q=h_q, h_kv=h_kv, page_size=page_size,
+                               device="cuda", seed=1, value_scale=0.1)
+    ref_out, ref_lse = mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens,
+                                            causal=causal)
+    metadata, num_splits = api.get_mla_metadata(prob.cache_seqlens, s_q * h_q // h_kv, h_kv)
+    out, lse = api.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens, 512,
+                                          metadata, num_splits, causal=causal, pipeline=variant)
+    torch.cuda.synchronize()
+    return compare_to_reference(out, lse, ref_out, ref_lse)
+
+
 def _gpu_case(variant, page_size, s_q, h_q, h_kv, causal, split, multicast) -> tuple[bool, int]:
     from pipelines import paged_kv
 
@@ -109,21 +125,11 @@ def _gpu_case(variant, page_size, s_q, h_q, h_kv, causal, split, multicast) -> t
     name = (f"{variant} (page {page_size} {'TMA' if paged_kv.uses_tma(page_size) else 'cp.async'}"
             f"{f', cluster {cluster}' if cluster > 1 else ''}{f', split cluster {split}' if split > 1 else ''}, "
             f"s_q {s_q}, h_q {h_q}, h_kv {h_kv}{', causal' if causal else ''})")
-    # The anchors' value distribution (randn / 10, clamped), for which the tolerances are made.
-    prob = make_decode_problem([200, 137], s_q=s_q, h_q=h_q, h_kv=h_kv, page_size=page_size,
-                               device="cuda", seed=1, value_scale=0.1)
-    ref_out, ref_lse = mla_decode_reference(prob.q, prob.k_cache, prob.block_table, prob.cache_seqlens,
-                                            causal=causal)
     try:
-        metadata, num_splits = api.get_mla_metadata(prob.cache_seqlens, s_q * h_q // h_kv, h_kv)
-        out, lse = api.flash_mla_with_kvcache(prob.q, prob.k_cache, prob.block_table,
-                                              prob.cache_seqlens, 512, metadata, num_splits,
-                                              causal=causal, pipeline=variant)
-        torch.cuda.synchronize()
+        cmp = decode_case(variant, [200, 137], page_size, s_q, h_q, h_kv, causal)
     except Exception as exc:  # report every variant, then fail
         print(f"  {name}: FAIL, raised {type(exc).__name__}: {exc}")
         return False, 1
-    cmp = compare_to_reference(out, lse, ref_out, ref_lse)
     print(f"  {name}: max |out - ref| = {cmp.max_abs_out:.3g}, max |lse - ref| = "
           f"{cmp.max_abs_lse:.3g}, cosine distance {cmp.cos_dist:.2g}: "
           f"{'PASS' if cmp.ok else 'FAIL (' + cmp.message + ')'}")
