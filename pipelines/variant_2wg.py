@@ -211,29 +211,28 @@ class MLADecode2WG(MLADecodeBase):
             self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, k_state.index, self.kv_group_cols[1], False)
             warpgroup.commit_group()
 
+    def k_pipes(self, pipe_k, group: int) -> list:
+        """The K pipelines a wait or release of ``group`` acts on: the one pipeline with ``kv_groups`` 1, else
+        group ``group``'s (0: A, 1: B) or both (-1)."""
+        if self.kv_groups == 1:
+            return [pipe_k]
+        return [pipe_k[g] for g in (0, 1) if group in (-1, g)]
+
     @cute.jit
     def k_wait(self, pipe_k, k_state, group: cutlass.Constexpr[int] = -1):
-        """Wait for the stage of ``k_state``: the whole tile, or with ``kv_groups`` 2 the group ``group`` (0: A,
-        1: B; -1: both)."""
-        if const_expr(self.kv_groups == 1):
-            self.loader.consumer_wait(pipe_k, k_state)
-        else:
-            if const_expr(group != 1):
-                self.loader.consumer_wait(pipe_k[0], k_state)
-            if const_expr(group != 0):
-                self.loader.consumer_wait(pipe_k[1], k_state)
+        """Wait for the stage of ``k_state``: the whole tile, or with ``kv_groups`` 2 the group ``group``
+        (``k_pipes``)."""
+        pipes = self.k_pipes(pipe_k, group)
+        for i in cutlass.range_constexpr(len(pipes)):
+            self.loader.consumer_wait(pipes[i], k_state)
 
     @cute.jit
     def k_release(self, pipe_k, k_state, group: cutlass.Constexpr[int] = -1):
-        """Release the stage of ``k_state``: the whole tile, or with ``kv_groups`` 2 the group ``group`` (as
-        ``k_wait``)."""
-        if const_expr(self.kv_groups == 1):
-            self.loader.consumer_release(pipe_k, k_state)
-        else:
-            if const_expr(group != 1):
-                self.loader.consumer_release(pipe_k[0], k_state)
-            if const_expr(group != 0):
-                self.loader.consumer_release(pipe_k[1], k_state)
+        """Release the stage of ``k_state``: the whole tile, or with ``kv_groups`` 2 the group ``group``
+        (``k_pipes``)."""
+        pipes = self.k_pipes(pipe_k, group)
+        for i in cutlass.range_constexpr(len(pipes)):
+            self.loader.consumer_release(pipes[i], k_state)
 
     @cute.jit
     def wg0_release_after_qk(self, pipe_k, k_state):
