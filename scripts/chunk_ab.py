@@ -44,10 +44,12 @@ def whole_plan(lengths, num_parts: int, k: int):
     b = len(lengths)
     if -(-b // k) > num_parts:
         return None
-    meta = torch.tensor([[0, 0, -1, 0, 0, 0, 0, 0]] * num_parts, dtype=torch.int32)
+    meta = torch.empty(num_parts, planner.METADATA_WIDTH, dtype=torch.int32)
+    planner.empty_rows(meta)
     for p in range(-(-b // k)):
         last = min(b, (p + 1) * k) - 1
-        meta[p, :5] = torch.tensor([p * k, 0, last, planner.n_blocks(lengths[last]), 0], dtype=torch.int32)
+        meta[p, :planner.BEGIN_SPLIT + 1] = torch.tensor([p * k, 0, last, planner.n_blocks(lengths[last]), 0],
+                                                         dtype=torch.int32)
     return meta, torch.arange(b + 1, dtype=torch.int32)
 
 
