@@ -298,14 +298,21 @@ class SplitMerge:
 
     @cute.jit
     def _split_groups(self, n: Int32, loads: cutlass.Constexpr[int]) -> Int32:
-        g = Int32(8)
+        return Int32(1) << self._split_groups_log2(n, loads)
+
+    @cute.jit
+    def _split_groups_log2(self, n: Int32, loads: cutlass.Constexpr[int]) -> Int32:
+        """log2 of ``G`` (``split_groups``). The kernel derives ``G``, the row-chunks per unit and the
+        units from it with shifts: ``G`` from selects is not known to be a power of two, and ptxas divided
+        by it (an I2F / MUFU.RCP / F2I sequence) on the path from the plan's loads to the first partial load."""
+        lg = Int32(3)
         if n <= 4 * loads:
-            g = Int32(4)
+            lg = Int32(2)
         if n <= 2 * loads:
-            g = Int32(2)
+            lg = Int32(1)
         if n <= loads:
-            g = Int32(1)
-        return g
+            lg = Int32(0)
+        return lg
 
     @cute.kernel
     def kernel(self, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor, mNumSplits: cute.Tensor, mMeta: cute.Tensor,
@@ -348,10 +355,11 @@ class SplitMerge:
         n = mNumSplits[r + 1] - base
         slots = n - 1
         slot = begin_split - 1
-        groups = self._split_groups(n, loads)
-        per_unit = WARPS // groups  # row-chunks per unit
-        units = (rows * CHUNKS + per_unit - 1) // per_unit
-        group = warp % groups
+        lg = self._split_groups_log2(n, loads)
+        groups = Int32(1) << lg
+        unit_lg = Int32(WARPS.bit_length() - 1) - lg  # log2 of the row-chunks per unit, WARPS // groups
+        units = (rows * CHUNKS + (Int32(1) << unit_lg) - 1) >> unit_lg
+        group = warp & (groups - 1)
         rPart = cute.make_rmem_tensor((LANE_COLS, loads), self.partial_dtype)
         rLse = cute.make_rmem_tensor(loads, Float32)
         acc = cute.make_rmem_tensor(LANE_COLS, Float32)
@@ -359,9 +367,10 @@ class SplitMerge:
         if const_expr(pdl_wait):
             cute.arch.griddepcontrol_wait()  # partials and lse_accum come from the main kernel
         for unit in cutlass.range(cta_y * slots + slot, units, grid_y * slots, unroll=1):
-            rc = unit * per_unit + warp // groups  # this warp's row-chunk
-            row = rc // CHUNKS
-            col0 = (rc % CHUNKS) * CHUNK + lane * LANE_COLS
+            rc = (unit << unit_lg) + (warp >> lg)  # this warp's row-chunk
+            # rc >= 0 and CHUNKS is a power of two: shifts, not a signed division's sign fix-up.
+            row = rc >> (CHUNKS.bit_length() - 1)
+            col0 = (rc & (CHUNKS - 1)) * CHUNK + lane * LANE_COLS
             active = rc < rows * CHUNKS
             # Online softmax over this warp's splits, in log2 units; m = -inf until a split with a key.
             m = -Float32.inf
@@ -439,6 +448,6 @@ class SplitMerge:
                 for c in cutlass.range_constexpr(LANE_COLS):
                     rOut[c] = (acc[c] * inv).to(mO.element_type)
                 cute.autovec_copy(rOut, cute.local_tile(mO[r, row, None], (LANE_COLS,), (col0 // LANE_COLS,)))
-                if rc % CHUNKS == 0:
+                if (rc & (CHUNKS - 1)) == 0:
                     if lane == 0:
                         mLSE[r, row % self.h_q, row // self.h_q] = lse
