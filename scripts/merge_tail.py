@@ -22,7 +22,8 @@ behind entries that differ only in what follows it, and each is captured in its 
 - ``merge-y2``: the merge with twice the CTAs per slot;
 - ``merge-old``: the merge kernel module at ``$MERGE_OLD`` (a file, e.g. from ``git show``), for A/B;
 - ``merge-alt``: the same for a module with today's ``SplitMerge.__call__`` signature (``max_tiles``), at
-  ``$MERGE_ALT`` (an experiment's copy of ``split_k/merge_kernel.py``).
+  ``$MERGE_ALT`` (an experiment's copy of ``split_k/merge_kernel.py``); ``merge-alt2``: a second one, at
+  ``$MERGE_ALT2`` (three forms in one process).
 
 ``merge - none`` is the merge stage's cost in a graph; ``wait - none`` the part of it that no merge
 kernel can avoid; ``exit - none`` what launching a dependent grid costs when it waits for nothing.
@@ -40,7 +41,8 @@ sys.path.insert(0, str(ROOT))
 
 CONFIGS = ((64, 1, 1, 16, 1024), (64, 1, 1, 16, 16384), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096),
            (64, 128, 1, 128, 4096))
-MODES = ("merge", "grid", "merge-nopdl", "merge-l8", "merge-w8", "merge-y2", "merge-old", "merge-alt", "none", "wait", "exit")
+MODES = ("merge", "grid", "merge-nopdl", "merge-l8", "merge-w8", "merge-y2", "merge-old", "merge-alt", "merge-alt2",
+         "none", "wait", "exit")
 DEFAULT_MODES = ("merge", "grid", "merge-nopdl", "none", "wait", "exit")
 
 
@@ -96,8 +98,8 @@ class ModeEntry(DecodeEntry):
             self.merge.wide_above = LOADS_NARROW  # the 16-load kernel above 8 estimated chunks (before WIDE_ABOVE)
         if mode == "merge-y2":
             self.merge = DoubleY(self.merge.dtype, self.merge.h_q, self.rows // self.merge.h_q, self.partial_dtype)
-        if mode in ("merge-old", "merge-alt"):
-            module = _old_merge("MERGE_OLD" if mode == "merge-old" else "MERGE_ALT")
+        if mode in ("merge-old", "merge-alt", "merge-alt2"):
+            module = _old_merge({"merge-old": "MERGE_OLD", "merge-alt": "MERGE_ALT", "merge-alt2": "MERGE_ALT2"}[mode])
             self.merge = module.SplitMerge(self.merge.dtype, self.merge.h_q, self.rows // self.merge.h_q,
                                            self.partial_dtype)
         self.tail = Tail(mode == "wait")
@@ -109,7 +111,7 @@ class ModeEntry(DecodeEntry):
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                     o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1), stream)
         max_tiles = self.merge_tiles(block_table)
-        if cutlass.const_expr(self.mode in ("merge-l8", "merge-w8", "merge-y2", "merge-alt")):
+        if cutlass.const_expr(self.mode in ("merge-l8", "merge-w8", "merge-y2", "merge-alt", "merge-alt2")):
             self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, max_tiles, stream,
                        use_pdl=True)
         if cutlass.const_expr(self.mode == "merge-old"):  # a previous module: its own signature
@@ -162,7 +164,8 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=300)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--modes", default=",".join(DEFAULT_MODES),
-                    help=f"comma-separated, from {','.join(MODES)} (merge-old needs $MERGE_OLD, merge-alt $MERGE_ALT)")
+                    help=f"comma-separated, from {','.join(MODES)} (merge-old needs $MERGE_OLD, merge-alt "
+                         "$MERGE_ALT, merge-alt2 $MERGE_ALT2)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
 

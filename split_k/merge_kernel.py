@@ -325,10 +325,12 @@ class SplitMerge:
         # The next decode (launched with programmatic dependent launch) may be scheduled now: it waits
         # in its own griddepcontrol.wait for this grid to complete before touching global memory.
         cute.arch.griddepcontrol_launch_dependents()
-        # Both plan fields at once (one round trip before the branch, not one on each side of it).
+        # Both plan fields at once (one round trip before the branch, not one on each side of it). ``r >= 0``
+        # holds for every plan row (empty parts have 0); in the condition it keeps ptxas from sinking r's
+        # load below the branch, where num_splits' loads would wait for a second round trip.
         begin_split = mMeta[part, BEGIN_SPLIT]
         r = mMeta[part, BEGIN_REQ]
-        if begin_split >= 1:  # this part begins chunk begin_split of a split request: one of its slots
+        if (begin_split >= 1) & (r >= 0):  # this part begins chunk begin_split of a split request: one of its slots
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
             sAcc, sM, sS = smem_views(storage.buf.data_ptr())
             self.merge_slot(r, begin_split, cta_y, grid_y, warp, lane, sAcc, sM, sS,
