@@ -37,7 +37,6 @@ SCRATCH_ROW = 520
 512 + 8, so the 8 rows a warp's accumulator stores touch at once start 8 banks apart."""
 
 HEAD_DIM = 576  # 512 latent ("nope") dims + 64 RoPE dims
-ROPE_BLOCK = 8  # the 64-column block of Q and K that holds the RoPE dims (columns 512-575)
 HEAD_DIM_V = 512
 BLOCK_M = 64  # query rows per CTA (one wgmma M)
 BLOCK_N = 64  # KV tokens per tile
@@ -442,50 +441,27 @@ class MLADecodeBase:
         return layouts.smem_tile_layout(dtype, BLOCK_M, BLOCK_N)
 
     @cute.jit
-    def issue_qk(self, acc_s, tSrQ, tSrK, stage, tRrQ=None):
+    def issue_qk(self, acc_s, tSrQ, tSrK, stage):
         """S = Q.K^T of the K tile in ``stage``, issued and committed as one wgmma group (not waited
         for; the caller waited for the tile). A fresh MMA object: the ACCUMULATE state set here inside
-        a caller's branch or loop must not escape it. ``tRrQ``: Q's RoPE block in registers
-        (``rope_q_fragment``), else every step reads Q from smem."""
+        a caller's branch or loop must not escape it."""
         mma_qk, _, _ = self.tiled_mmas()
         # A barrier wait is a loop (a branch) before the wgmma chain: the fence comes after it.
         warpgroup.fence()
-        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, tuple(range(HEAD_DIM // paged_kv.COL_BLOCK)), True, tRrQ)
+        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, tuple(range(HEAD_DIM // paged_kv.COL_BLOCK)), True)
         warpgroup.commit_group()
 
     @cute.jit
-    def qk_blocks(self, mma_qk, acc_s, tSrQ, tSrK, stage, cols: cutlass.Constexpr, starts: cutlass.Constexpr[bool],
-                  tRrQ=None):
+    def qk_blocks(self, mma_qk, acc_s, tSrQ, tSrK, stage, cols: cutlass.Constexpr, starts: cutlass.Constexpr[bool]):
         """QK's k16 steps over the 64-column blocks ``cols`` of the K tile in ``stage``, in that order, issued
         (neither fenced nor committed: the caller's wait and ``warpgroup.fence`` come first, its commit
-        after); ``starts``: the first step overwrites the accumulator (a chain's first blocks). With ``tRrQ``
-        (``rope_q_fragment``) the RoPE block's steps take Q from those registers (RS wgmma), K from smem as
-        the other steps do."""
+        after); ``starts``: the first step overwrites the accumulator (a chain's first blocks)."""
         steps = paged_kv.COL_BLOCK // 16
-        mma_rs = self.qk_rope_mma()
         for bi in cutlass.range_constexpr(len(cols)):
             for kk in cutlass.range_constexpr(steps):
                 k = cols[bi] * steps + kk
-                if const_expr(tRrQ is not None and cols[bi] == ROPE_BLOCK):  # never a chain's first block
-                    mma_rs.set(warpgroup.Field.ACCUMULATE, True)
-                    cute.gemm(mma_rs, acc_s, tRrQ[None, None, kk], tSrK[None, None, k, stage], acc_s)
-                else:
-                    mma_qk.set(warpgroup.Field.ACCUMULATE, not starts or bi != 0 or kk != 0)
-                    cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
-
-    def qk_rope_mma(self):
-        """QK's wgmma shape (64x64) with Q from registers: the RoPE block's steps of ``qk_blocks``."""
-        return sm90.make_trivial_tiled_mma(
-            self.dtype, self.dtype, warpgroup.OperandMajorMode.K, warpgroup.OperandMajorMode.K, Float32,
-            (1, 1, 1), (BLOCK_M, BLOCK_N), warpgroup.OperandSource.RMEM)
-
-    @cute.jit
-    def rope_q_fragment(self, wg_tidx, sQ):
-        """Registers for Q's RoPE block (columns 512-575, 16 per thread) as the A operand of
-        ``qk_rope_mma``, and the smem view to fill them from (``load_rope_q``)."""
-        thr = self.qk_rope_mma().get_slice(wg_tidx)
-        tRsQ = thr.partition_A(cute.local_tile(sQ, (BLOCK_M, paged_kv.COL_BLOCK), (0, ROPE_BLOCK)))
-        return thr.make_fragment_A(tRsQ), tRsQ
+                mma_qk.set(warpgroup.Field.ACCUMULATE, not starts or bi != 0 or kk != 0)
+                cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
 
     @cute.jit
     def issue_pv(self, acc_o, tOrP, tOrV, stage, p_in_registers: cutlass.Constexpr[bool] = False):

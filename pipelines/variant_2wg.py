@@ -149,13 +149,6 @@ class MLADecode2WG(MLADecodeBase):
     # before it (False: 1.00-1.01 over one group on the same rows, H100; the split wins although ncu shows
     # the first wgmma after the mid-chain fence stalling). A class constant.
     kv_groups_qk_split = True
-    # WG0 holds Q's RoPE block (columns 512-575, 16 registers per thread) in registers for the chunk, so the
-    # QK's last 4 k-steps read only K from shared memory (RS wgmma). Why: the K tile's 72 KB landing in
-    # shared memory competes with the wgmma operand reads, and costs a compute-only model of this tile
-    # (``scripts/schedule_sim.py``) 600-900 cycles; taking the RoPE block's Q reads (8 KB a tile) off shared
-    # memory gave back about 250 of them there (H100, twenty-sixth session). A class constant (an A/B sets
-    # it False: every step reads Q from smem, as before).
-    q_rope_in_registers = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -199,24 +192,23 @@ class MLADecode2WG(MLADecodeBase):
                                       page=page, cols=self.kv_group_cols[1])
 
     @cute.jit
-    def wg0_qk(self, acc_s, tSrQ, tSrK, pipe_k, k_state, tRrQ=None):
+    def wg0_qk(self, acc_s, tSrQ, tSrK, pipe_k, k_state):
         """WG0: wait for the tile in ``k_state``'s stage and issue its QK as one committed group (not
-        waited for). With ``kv_groups`` 2 the chain starts on group A and waits for group B halfway.
-        ``tRrQ``: Q's RoPE block in registers (``q_rope_in_registers``)."""
+        waited for). With ``kv_groups`` 2 the chain starts on group A and waits for group B halfway."""
         if const_expr(self.kv_groups == 1):
             self.k_wait(pipe_k, k_state)
-            self.issue_qk(acc_s, tSrQ, tSrK, k_state.index, tRrQ)
+            self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
         else:
             mma_qk, _, _ = self.tiled_mmas()
             self.k_wait(pipe_k, k_state, 0)
             if const_expr(not self.kv_groups_qk_split):
                 self.k_wait(pipe_k, k_state, 1)
             warpgroup.fence()  # after the barrier's wait loop (else ptxas serializes the chain)
-            self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, k_state.index, self.kv_group_cols[0], True, tRrQ)
+            self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, k_state.index, self.kv_group_cols[0], True)
             if const_expr(self.kv_groups_qk_split):
                 self.k_wait(pipe_k, k_state, 1)
                 warpgroup.fence()
-            self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, k_state.index, self.kv_group_cols[1], False, tRrQ)
+            self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, k_state.index, self.kv_group_cols[1], False)
             warpgroup.commit_group()
 
     def k_pipes(self, pipe_k, group: int) -> list:
@@ -294,9 +286,6 @@ class MLADecode2WG(MLADecodeBase):
         n_rows_thr = cute.size(tScS, mode=[0])
         k_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
-        tRrQ = None
-        if const_expr(self.q_rope_in_registers):
-            tRrQ, tRsQ = self.rope_q_fragment(wg_tidx, sQ)
 
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
@@ -305,16 +294,14 @@ class MLADecode2WG(MLADecodeBase):
             row_limit = self.row_limits(seqlen, m_block, tScS)
 
             pipe_q.consumer_wait(q_state)
-            if const_expr(self.q_rope_in_registers):
-                cute.autovec_copy(tRsQ, tRrQ)  # the chunk's Q has landed; the QK chains' fences order this
             if const_expr(self.qk_ahead):
                 k_state = self.wg0_tiles_qk_ahead(wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV,
                                                   tPsP, tScS, acc_o, acc_o_mn, row_max, row_sum, row_scale,
-                                                  s_row_scale, sK, pipe_k, k_state, scale_log2, tRrQ)
+                                                  s_row_scale, sK, pipe_k, k_state, scale_log2)
             else:
                 k_state = self.wg0_tiles(wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV, tPsP,
                                          tScS, acc_o, acc_o_mn, row_max, row_sum, row_scale, s_row_scale, sK, pipe_k,
-                                         k_state, scale_log2, tRrQ)
+                                         k_state, scale_log2)
             if const_expr(self.arrives_early()):
                 if r == end_req:  # this warpgroup's last release (to the peer too) is behind it
                     cute.arch.cluster_arrive()
@@ -359,12 +346,12 @@ class MLADecode2WG(MLADecodeBase):
 
     @cute.jit
     def wg0_tiles(self, wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV, tPsP, tScS, acc_o,
-                  acc_o_mn, row_max, row_sum, row_scale, s_row_scale, sK, pipe_k, k_state, scale_log2, tRrQ=None):
+                  acc_o_mn, row_max, row_sum, row_scale, s_row_scale, sK, pipe_k, k_state, scale_log2):
         """WG0's tiles of one chunk: per tile, the stage wait, QK, softmax and P for WG1, its P.V, the stage
         release. Returns the consumer state past the chunk."""
         for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
             acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
-            self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_state, tRrQ)
+            self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_state)
             warpgroup.wait_group(0)
             self.wg0_release_after_qk(pipe_k, k_state)
             self.wg0_softmax_pv(acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max, row_sum,
@@ -377,7 +364,7 @@ class MLADecode2WG(MLADecodeBase):
     @cute.jit
     def wg0_tiles_qk_ahead(self, wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV, tPsP, tScS,
                            acc_o, acc_o_mn, row_max, row_sum, row_scale, s_row_scale, sK, pipe_k, k_state,
-                           scale_log2, tRrQ=None):
+                           scale_log2):
         """WG0's tiles of one chunk with the next tile's QK issued behind each P.V (``qk_ahead``).
 
         The chunk's first QK is issued before the loop; each tile runs its softmax on the S the previous
@@ -392,7 +379,7 @@ class MLADecode2WG(MLADecodeBase):
         last = stop
         if start < stop:
             last = start + (stop - 1 - start) // self.split_cluster * self.split_cluster
-            self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_state, tRrQ)
+            self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_state)
             warpgroup.wait_group(0)
             self.wg0_release_after_qk(pipe_k, k_state)
         k_next = k_state.clone()
@@ -404,11 +391,11 @@ class MLADecode2WG(MLADecodeBase):
                 self.loader.consumer_wait(pipe_k, k_next)
                 if const_expr(self.qk_ahead_waits_pv):
                     cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
-                self.issue_qk(acc_s, tSrQ, tSrK, k_next.index, tRrQ)
+                self.issue_qk(acc_s, tSrQ, tSrK, k_next.index)
             else:
                 if const_expr(self.qk_ahead_waits_pv):
                     cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
-                self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_next, tRrQ)
+                self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_next)
             warpgroup.wait_group(1)
             self.wg0_release_after_pv(pipe_k, k_state)
             warpgroup.wait_group(0)
