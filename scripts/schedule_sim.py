@@ -1,29 +1,38 @@
-"""A 64-token tile's schedule without loads: how short could the compute-bound tile be (issue 8)?
+"""A 64-token tile's schedule on operands that stay in shared memory: what bounds the compute-bound tile (issue 8)?
 
-    python scripts/schedule_sim.py [--iters 2000] [--schedule 2wg ...]
+    python scripts/schedule_sim.py [--iters 2000] [--schedule 2wg ...] [--sass DIR]
 
 One CTA per SM (132) runs ``--iters`` tiles of the decode's tensor work and softmax on operands that stay
 in shared memory (zeros: the tensor cores' and the exponentials' speed does not depend on the values), with
-the real hand-off of P through shared memory and named barriers, and no K or Q loads. So each schedule's
-tile period is what its order of wgmma, softmax and barriers allows when every K tile is already there.
-Schedules:
+the real hand-off of P through shared memory and named barriers, and no Q or K loads unless a schedule adds
+them. So each schedule's tile period is what its order of wgmma, softmax and barriers allows when every K
+tile is already there. Schedules:
 
 - ``2wg``: today's 2wg order (256 threads). WG0: QK (36 k-steps of m64n64k16, Q and K from shared memory),
   wait, online softmax (``softmax.online_softmax_step``), P to 16 bits, P_EMPTY, P stored for WG1, its
   half of P.V with P from registers (4 k-steps of m64n256k16), the proxy fence and P_FULL behind that
   issue, wait. WG1: P_FULL, its half of P.V with P from shared memory, wait, P_EMPTY.
-- ``3role``: a score warpgroup and two P.V warpgroups (384 threads, ``setmaxnreg``: 200 / 152 / 152 of
-  the 504 per thread-slot that one CTA of 384 threads starts with). WG0 holds Q in registers (the QK's A
-  operand, 144 registers: Q out of shared memory is what would free room for a third K stage) and holds
-  no O: QK (RS), wait, softmax, P to 16 bits, P_EMPTY (both P.V warpgroups done with the previous P),
-  P stored, P_FULL, and straight on to the next QK, which so runs beside the P.V of the tile before.
-  WG1 and WG2: P_FULL, their half of P.V (SS), wait, P_EMPTY.
+- ``2wg-bulk``: ``2wg`` with a K tile's 72 KB of async bulk copies (``cp.async.bulk``, 9 x 8 KB, from one
+  L2-resident tile) landing in the K-like tile per tile, issued by WG1's first thread behind its P.V as
+  2wg's producer warp refills a stage, the round before waited for first; ``2wg-bulk2``: two rounds in
+  flight (two barriers); ``2wg-bulk2-hbm``: each CTA streams its own tiles from a 608 MB buffer (HBM: no
+  multicast, so twice the decode's HBM bytes per tile; bandwidth-bound, not a model of the compute-bound rows).
+- ``2wg-rope`` / ``2wg-bulk-rope``: the same with Q's RoPE block (the QK's last 4 k-steps) in registers.
+- ``3role``: a score warpgroup and two P.V warpgroups (384 threads, ``setmaxnreg`` ``REGS_3ROLE``: the score
+  warpgroup is the last one). The score warpgroup holds Q in registers (the QK's A operand, 144
+  registers: Q out of shared memory is what would free room for a third K stage) and no O: QK (RS), wait,
+  softmax, P to 16 bits, P_EMPTY (both P.V warpgroups done with the previous P), P stored, P_FULL, and
+  straight on to the next QK, which so runs beside the P.V of the tile before. The two others: P_FULL,
+  their half of P.V (SS), wait, P_EMPTY. It does not fit: ptxas drops ``setmaxnreg`` (no ``USETMAXREG``)
+  when the P.V warpgroups get less than 160 registers, and at 184 the score warpgroup spills and its
+  wgmma are serialized.
 - ``3role-ss``: ``3role`` with Q in shared memory (SS QK): the schedule alone, without the RS step.
 
-Printed per schedule: SM cycles per tile (median CTA, from WG0's ``%clock64`` stamps around its loop), the
-tile's tensor work at the dense bf16 peak (2048 multiply-adds per clock and SM: 2176 cycles) over that, and
-whether ptxas spilled (it compiles with ``--keep``-free defaults; the registers are read from the cubin by
-``--sass DIR``, which also writes each schedule's SASS there).
+Printed per schedule: SM cycles per tile (three runs, median CTA, from the score warpgroup's ``%clock64``
+stamps around its loop) and the tile's tensor work at the dense bf16 peak (2048 multiply-adds per clock and
+SM: 2176 cycles) over that. ``--sass DIR``: compile only, write each schedule's SASS there and print its
+spill, HGMMA, ``WARPGROUP.DEPBAR`` and ``USETMAXREG`` counts. Measured (H100, docs/perf-notes.md,
+twenty-sixth session): ``2wg`` 2733-2737 cycles, ``3role-ss`` 2781-2799, ``2wg-bulk`` 3343-3670 by machine.
 """
 from __future__ import annotations
 
@@ -47,9 +56,16 @@ from cutlass._mlir.dialects import llvm  # noqa: E402
 from pipelines import layouts, softmax  # noqa: E402
 
 BF16 = cutlass.BFloat16
-SCHEDULES = ("2wg", "2wg-bulk", "2wg-rope", "2wg-bulk-rope", "3role", "3role-ss")
+SCHEDULES = ("2wg", "2wg-bulk", "2wg-bulk2", "2wg-bulk2-hbm", "2wg-rope", "2wg-bulk-rope", "3role", "3role-ss")
 BULK_BYTES = 9 * 8192  # one 64-token K tile of 576 bf16 columns
-OUT_WORDS = lambda threads: 132 * threads + 132 * 4 + BULK_BYTES // 4  # noqa: E731 (results, stamps, zeros)
+STREAM_TILES = 64  # ``-hbm``: K-like tiles each CTA streams through (132 x 64 x 72 KB = 608 MB, far past L2)
+
+
+def out_words(schedule: str, threads: int) -> int:
+    """fp32 words of the kernel's buffer: per-thread results, the CTAs' stamps, then the bulk copies' source
+    (one tile of zeros, or with ``-hbm`` every CTA's stream of tiles)."""
+    tiles = 132 * STREAM_TILES if "hbm" in schedule else 1
+    return 132 * threads + 132 * 4 + tiles * BULK_BYTES // 4
 BAR_P_FULL = 1
 BAR_P_EMPTY = 2
 # 3role: registers per thread after setmaxnreg (score, P.V, P.V): 384 threads at one CTA per SM start at 168,
@@ -83,7 +99,7 @@ class ScheduleSim:
             p: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(sP_layout)], 1024]
             v: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(sV_layout)], 1024]
             scale: cute.struct.Align[cute.struct.MemRange[Float32, 64], 16]
-            bulk_bar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, 1], 8]
+            bulk_bar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, 2], 8]
 
         self.storage = Storage
         self.kernel(out, iters, sQ_layout, sK_layout, sP_layout, sV_layout).launch(
@@ -108,6 +124,7 @@ class ScheduleSim:
         bulk_bar = storage.bulk_bar.data_ptr()
         if tidx == 0:
             cute.arch.mbarrier_init(bulk_bar, 1)
+            cute.arch.mbarrier_init(bulk_bar + 1, 1)
         cute.arch.mbarrier_init_fence()
         cute.arch.fence_view_async_shared()
         cute.arch.sync_threads()
@@ -216,12 +233,18 @@ class ScheduleSim:
 
     @cute.jit
     def pv(self, wg_tidx, sP, sV, iters, out, gidx, bar_threads: cutlass.Constexpr[int], sK=None, bulk_bar=None):
-        """A P.V warpgroup: its half of P.V with P from shared memory, per WG0's hand-off. ``2wg-bulk``: its
+        """A P.V warpgroup: its half of P.V with P from shared memory, per WG0's hand-off. ``2wg-bulk*``: its
         first thread also keeps a K tile's worth of async bulk copies landing in the K-like tile, one round
-        per tile, issued behind its P.V (as 2wg's producer warp refills a stage) and waited for a tile later."""
+        per tile, issued behind its P.V (as 2wg's producer warp refills a stage): ``-bulk`` waits for the round
+        before before it issues the next (one round in flight), ``-bulk2`` for the one two rounds back (two in
+        flight, on two barriers); the source is one L2-resident tile, or with ``-hbm`` a stream of tiles
+        per CTA far larger than L2 (as the decode's K pages)."""
         bulk = const_expr("bulk" in self.schedule)
+        two = const_expr("bulk2" in self.schedule)
+        hbm = const_expr("hbm" in self.schedule)
         phase = Int32(0)
-        src = out.iterator.toint() + cutlass.Int64((132 * self.threads + 132 * 4) * 4)  # the zeros at the end
+        bidx, _, _ = cute.arch.block_idx()
+        src0 = out.iterator.toint() + cutlass.Int64((132 * self.threads + 132 * 4) * 4)  # past results and stamps
         mma_pv = self.mma(256, False)
         thr_pv = mma_pv.get_slice(wg_tidx)
         tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))
@@ -238,21 +261,36 @@ class ScheduleSim:
             warpgroup.commit_group()
             if const_expr(bulk):
                 if wg_tidx == 0:
-                    if it > 0:
-                        cute.arch.mbarrier_wait(bulk_bar, phase ^ 1)  # the previous round has landed
-                    cute.arch.mbarrier_arrive_and_expect_tx(bulk_bar, BULK_BYTES)
+                    bar = bulk_bar
+                    if const_expr(two):
+                        bar = bulk_bar + (it & 1)
+                        if it > 1:
+                            cute.arch.mbarrier_wait(bar, ((it >> 1) + 1) & 1)  # round it - 2 has landed
+                    else:
+                        if it > 0:
+                            cute.arch.mbarrier_wait(bar, phase ^ 1)  # the previous round has landed
+                    cute.arch.mbarrier_arrive_and_expect_tx(bar, BULK_BYTES)
                     dst = sK.iterator.toint()
+                    src = src0
+                    if const_expr(hbm):
+                        src = src0 + cutlass.Int64(bidx * STREAM_TILES + it % STREAM_TILES) * BULK_BYTES
                     for c in cutlass.range_constexpr(BULK_BYTES // 8192):
                         llvm.inline_asm(None, [(dst + c * 8192).ir_value(), (src + c * 8192).ir_value(),
-                                               bulk_bar.toint().ir_value()],
+                                               bar.toint().ir_value()],
                                         "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
                                         "[$0], [$1], 8192, [$2];", "r,l,r", has_side_effects=True)
                 phase = phase ^ 1
             warpgroup.wait_group(0)
             cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=bar_threads)
         if const_expr(bulk):
-            if wg_tidx == 0:
-                cute.arch.mbarrier_wait(bulk_bar, phase ^ 1)  # nothing in flight at exit
+            if wg_tidx == 0:  # nothing in flight at exit
+                if const_expr(two):
+                    for b in cutlass.range_constexpr(2):
+                        uses = (iters - b + 1) >> 1
+                        if uses > 0:
+                            cute.arch.mbarrier_wait(bulk_bar + b, (uses - 1) & 1)
+                else:
+                    cute.arch.mbarrier_wait(bulk_bar, phase ^ 1)
         out[gidx] = acc_o[0]
 
 
@@ -289,7 +327,7 @@ def main(argv=None) -> int:
     import torch
     for s in schedules:
         sim, fn = compile_schedule(s)
-        out = torch.zeros(OUT_WORDS(sim.threads), dtype=torch.float32, device="cuda")
+        out = torch.zeros(out_words(s, sim.threads), dtype=torch.float32, device="cuda")
         fn(out, 10)
         torch.cuda.synchronize()
         rows = []
