@@ -138,10 +138,12 @@ class MLADecode2WG(MLADecodeBase):
     # 0.98-0.99 at b128 s1 h128 1024/4096/16384, b64 s1 h128 1024, b32 s1 h128 4096, pages 16 and 128 too;
     # 0.99-1.00 at b1 s1 h128 16384; 1.000-1.009 at b8 s1 h128 4096. Not taken: s_q 2 at h_q 64 (128 rows,
     # causal: 0.99-1.01, mostly slower), 64 rows (b128 s1 h64 4096: 1.003-1.008), 256 rows (b128 s2 h128 4096:
-    # 0.995-1.023). 1: one barrier pair per stage. A class constant (an A/B sets it on a subclass; 2 still
-    # falls back to 1 where it is not taken).
+    # 0.995-1.023; again, with ``kv_groups_sq`` and ``kv_groups_rows`` widened, twenty-sixth session: 1.002-1.027
+    # at b64/b128 s2 h128 4096, 0.999-1.008 at b32-b128 s2 h128 1024, 0.984-1.000 at s2 h64). 1: one barrier pair
+    # per stage. A class constant (an A/B sets it on a subclass; 2 still falls back to 1 where it is not taken).
     kv_groups = 2
-    kv_groups_rows = (65, 128)  # the rows per kv head where kv_groups 2 is taken (with s_q 1)
+    kv_groups_rows = (65, 128)  # the rows per kv head where kv_groups 2 is taken (with s_q in kv_groups_sq)
+    kv_groups_sq = (1,)  # the query lengths where kv_groups 2 is taken (an A/B widens both)
     # The 64-column blocks of groups A and B (block 8 is RoPE, read by WG0's QK alone; V's right half,
     # blocks 4-7, must be in B: WG1 reads it). The QK runs A's blocks first, then B's, in these orders.
     kv_group_cols = ((0, 1, 2, 3), (4, 5, 6, 7, 8))
@@ -155,7 +157,7 @@ class MLADecode2WG(MLADecodeBase):
         rows = num_heads // max(num_heads_k, 1) * seqlen_q
         lo, hi = self.kv_groups_rows
         if self.kv_groups == 2 and (split_cluster > 1 or not paged_kv.uses_tma(page_size) or not lo <= rows <= hi
-                                    or seqlen_q != 1):
+                                    or seqlen_q not in self.kv_groups_sq):
             # Column groups need TMA pages, and a split cluster's epilogue reuses the K stages as scratch:
             # one group there, and where it was not measured to win (s_q > 1: see ``kv_groups``) (the instance's value shadows the class
             # constant before the skeleton reads it).

@@ -67,6 +67,7 @@ MODES = {
     "2wg-qk-ahead-nowait-pf4": ("2wg", dict(qk_ahead=True, qk_ahead_waits_pv=False, l2_prefetch_ahead=4), True),
     # K stages in two column groups, V's left half refilled after WG0's P.V alone (64-row kernel only)
     "2wg-kg1": ("2wg", dict(kv_groups=1), True),  # one barrier pair per K stage (before the 24th session)
+    "2wg-kg2-sq2": ("2wg", dict(kv_groups_rows=(65, 256), kv_groups_sq=(1, 2)), True),  # groups at s_q 2 up to 256 rows
     "2wg-kg2": ("2wg", dict(kv_groups=2), True),  # the default since, where it is taken (65-128 rows, s_q 1)
     "2wg-kg2-all": ("2wg", dict(kv_groups=2, kv_groups_rows=(1, 256)), True),  # any rows (s_q 1 still)
     "2wg-kg2-rope-a": ("2wg", dict(kv_group_cols=((0, 1, 2, 3, 8), (4, 5, 6, 7))), False),  # RoPE with V_L (QK order differs)
