@@ -73,8 +73,8 @@ class DoubleY(SplitMerge):
     """The merge with twice the CTAs per slot."""
 
     @cute.jit
-    def _grid_y(self, n_est, loads: cutlass.Constexpr[int]):
-        return SplitMerge._grid_y(self, n_est, loads) * 2
+    def _grid_y(self, n_est, loads: cutlass.Constexpr[int], warps: cutlass.Constexpr[int]):
+        return SplitMerge._grid_y(self, n_est, loads, warps) * 2
 
 
 def _old_merge(var: str = "MERGE_OLD"):

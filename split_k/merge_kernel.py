@@ -76,6 +76,14 @@ from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, BELOW_TARGET, BLOCK_N, FIXED
 HEAD_DIM_V = 512
 THREADS = 256
 WARPS = THREADS // 32
+NARROW_WARPS = 4
+"""Warps per CTA of the narrow kernel with 16-bit partials (``kernel_warps``): 128-thread CTAs, twice as many,
+each half the row-chunks (and its warp groups' combine waits on 4 warps instead of 8). Paired against 8 warps
+on an H100 (docs/perf-notes.md, twenty-sixth session): b8 s1 h64 4096 24.03 / 24.70 and 24.06 / 24.74 us, b1
+s1 h16 1024 9.34 / 9.50 and 9.18 / 9.50, b4 s1 h128 4096 19.65 / 19.81 and 19.54 / 19.65, b32 s1 h64 1024
+26.21 / 26.27 and 26.05 / 26.14; the wide kernel with 4 warps was slower (b1 s1 h128 16384 19.87 / 19.58 and
+19.74 / 19.39), and 16-warp CTAs slower on every row. fp32 partials keep 8 warps: their one kernel also serves
+requests of many chunks, where ``G`` would be capped at 4."""
 LANE_COLS = 4  # columns per lane per load: 16 bytes of fp32
 CHUNK = 32 * LANE_COLS  # columns a warp covers with one load per lane
 CHUNKS = HEAD_DIM_V // CHUNK  # 4
@@ -151,15 +159,21 @@ def kernel_loads(batch_size: int, num_parts: int, max_loads: int, max_tiles: int
     return max_loads if estimated_chunks(batch_size, num_parts, max_tiles) > wide_above(rows) else LOADS_NARROW
 
 
-def split_groups(n: int, loads: int = LOADS_WIDE) -> int:
+def kernel_warps(loads: int, max_loads: int) -> int:
+    """Warps per CTA of the merge kernel that runs ``loads`` splits per warp and round, for partials whose
+    ``loads_in_flight`` is ``max_loads``: ``NARROW_WARPS`` for the narrow kernel of 16-bit partials, else 8."""
+    return NARROW_WARPS if loads == LOADS_NARROW < max_loads else WARPS
+
+
+def split_groups(n: int, loads: int = LOADS_WIDE, warps: int = WARPS) -> int:
     """``G``: warps sharing one row-chunk of a request with ``n`` chunks (the kernel's rule), for
-    ``loads`` splits per warp and round."""
-    return 1 if n <= loads else 2 if n <= 2 * loads else 4 if n <= 4 * loads else 8
+    ``loads`` splits per warp and round, at most the CTA's ``warps`` (then a warp takes several rounds)."""
+    return min(1 if n <= loads else 2 if n <= 2 * loads else 4 if n <= 4 * loads else 8, warps)
 
 
-def units_per_request(rows: int, n: int, loads: int = LOADS_WIDE) -> int:
-    """Units (one CTA step: ``8 / G`` row-chunks) of a split request with ``rows`` rows, ``n`` chunks."""
-    per_unit = WARPS // split_groups(n, loads)
+def units_per_request(rows: int, n: int, loads: int = LOADS_WIDE, warps: int = WARPS) -> int:
+    """Units (one CTA step: ``warps / G`` row-chunks) of a split request with ``rows`` rows, ``n`` chunks."""
+    per_unit = warps // split_groups(n, loads, warps)
     return -(-rows * CHUNKS // per_unit)
 
 
@@ -168,7 +182,7 @@ def grid_y(rows: int, batch_size: int, num_parts: int, max_loads: int = LOADS_WI
     """The grid's second extent (CTAs per slot), as the host code of ``SplitMerge`` computes it."""
     n = estimated_chunks(batch_size, num_parts, max_tiles)
     loads = kernel_loads(batch_size, num_parts, max_loads, max_tiles, rows)
-    return max(-(-units_per_request(rows, n, loads) // (n - 1)), 1)
+    return max(-(-units_per_request(rows, n, loads, kernel_warps(loads, max_loads)) // (n - 1)), 1)
 
 
 def in_grid_y(rows: int, batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE,
@@ -190,6 +204,7 @@ def unit_assignment(metadata, num_splits, rows: int, max_loads: int = LOADS_WIDE
     splits = [int(x) for x in (num_splits.tolist() if hasattr(num_splits, "tolist") else num_splits)]
     y_ext = grid_y(rows, len(splits) - 1, len(meta), max_loads, max_tiles)
     loads = kernel_loads(len(splits) - 1, len(meta), max_loads, max_tiles, rows)
+    warps = kernel_warps(loads, max_loads)
     work = {}
     for part, m in enumerate(meta):
         if m[BEGIN_SPLIT] < 1:
@@ -198,11 +213,11 @@ def unit_assignment(metadata, num_splits, rows: int, max_loads: int = LOADS_WIDE
         n = splits[r + 1] - splits[r]
         slots = n - 1
         slot = m[BEGIN_SPLIT] - 1
-        g_count = split_groups(n, loads)
-        per_unit = WARPS // g_count
+        g_count = split_groups(n, loads, warps)
+        per_unit = warps // g_count
         for cta_y in range(y_ext):
-            for unit in range(cta_y * slots + slot, units_per_request(rows, n, loads), y_ext * slots):
-                for warp in range(WARPS):
+            for unit in range(cta_y * slots + slot, units_per_request(rows, n, loads, warps), y_ext * slots):
+                for warp in range(warps):
                     rc = unit * per_unit + warp // g_count
                     if rc < rows * CHUNKS:
                         group = warp % g_count
@@ -279,44 +294,48 @@ class SplitMerge:
         """``Y`` of the in-grid merge (``merge_slot`` run by the decode CTAs after a grid barrier): the
         grid's second extent for ``max_loads`` splits per round, whatever ``n_est``: there the decode
         kernel's one CTA per SM sets the occupancy, not the merge's registers."""
-        return self._grid_y(self.n_est(max_tiles, batch, num_parts), self.max_loads)
+        return self._grid_y(self.n_est(max_tiles, batch, num_parts), self.max_loads, WARPS)
 
     @cute.jit
     def launch(self, mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl: cutlass.Constexpr[bool],
                n_est: Int32, loads: cutlass.Constexpr[int]):
-        y = self._grid_y(n_est, loads)
-        self.kernel(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, loads).launch(
-            grid=[mMeta.shape[0], y, 1], block=[THREADS, 1, 1], smem=self.shared_storage.size_in_bytes(),
+        warps = kernel_warps(loads, self.max_loads)
+        y = self._grid_y(n_est, loads, warps)
+        self.kernel(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, loads, warps).launch(
+            grid=[mMeta.shape[0], y, 1], block=[32 * warps, 1, 1], smem=self.shared_storage.size_in_bytes(),
             stream=stream, use_pdl=use_pdl)
 
     @cute.jit
-    def _grid_y(self, n_est: Int32, loads: cutlass.Constexpr[int]) -> Int32:
+    def _grid_y(self, n_est: Int32, loads: cutlass.Constexpr[int], warps: cutlass.Constexpr[int]) -> Int32:
         """CTAs per slot (``grid_y``): units per slot if every request had ``n_est`` chunks."""
-        groups = self._split_groups(n_est, loads)
-        units = (Int32(self.rows * CHUNKS) + WARPS // groups - 1) // (WARPS // groups)
+        per_unit = warps // self._split_groups(n_est, loads, warps)
+        units = (Int32(self.rows * CHUNKS) + per_unit - 1) // per_unit
         return cutlass.max((units + n_est - 2) // (n_est - 1), Int32(1))
 
     @cute.jit
-    def _split_groups(self, n: Int32, loads: cutlass.Constexpr[int]) -> Int32:
-        return Int32(1) << self._split_groups_log2(n, loads)
+    def _split_groups(self, n: Int32, loads: cutlass.Constexpr[int], warps: cutlass.Constexpr[int]) -> Int32:
+        return Int32(1) << self._split_groups_log2(n, loads, warps)
 
     @cute.jit
-    def _split_groups_log2(self, n: Int32, loads: cutlass.Constexpr[int]) -> Int32:
-        """log2 of ``G`` (``split_groups``). The kernel derives ``G``, the row-chunks per unit and the
-        units from it with shifts: ``G`` from selects is not known to be a power of two, and ptxas divided
-        by it (an I2F / MUFU.RCP / F2I sequence) on the path from the plan's loads to the first partial load."""
-        lg = Int32(3)
-        if n <= 4 * loads:
-            lg = Int32(2)
-        if n <= 2 * loads:
-            lg = Int32(1)
+    def _split_groups_log2(self, n: Int32, loads: cutlass.Constexpr[int], warps: cutlass.Constexpr[int]) -> Int32:
+        """log2 of ``G`` (``split_groups``), at most log2 of the CTA's ``warps``. The kernel derives ``G``, the
+        row-chunks per unit and the units from it with shifts: ``G`` from selects is not known to be a power of
+        two, and ptxas divided by it (an I2F / MUFU.RCP / F2I sequence) on the path from the plan's loads to the
+        first partial load."""
+        lg = Int32(warps.bit_length() - 1)
+        if const_expr(warps > 4):
+            if n <= 4 * loads:
+                lg = Int32(2)
+        if const_expr(warps > 2):
+            if n <= 2 * loads:
+                lg = Int32(1)
         if n <= loads:
             lg = Int32(0)
         return lg
 
     @cute.kernel
     def kernel(self, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor, mNumSplits: cute.Tensor, mMeta: cute.Tensor,
-               mO: cute.Tensor, mLSE: cute.Tensor, loads: cutlass.Constexpr[int]):
+               mO: cute.Tensor, mLSE: cute.Tensor, loads: cutlass.Constexpr[int], warps: cutlass.Constexpr[int]):
         tidx, _, _ = cute.arch.thread_idx()
         part, cta_y, _ = cute.arch.block_idx()
         _, grid_y, _ = cute.arch.grid_dim()
@@ -334,7 +353,7 @@ class SplitMerge:
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
             sAcc, sM, sS = smem_views(storage.buf.data_ptr())
             self.merge_slot(r, begin_split, cta_y, grid_y, warp, lane, sAcc, sM, sS,
-                            mOaccum, mLSEaccum, mNumSplits, mO, mLSE, loads, True)
+                            mOaccum, mLSEaccum, mNumSplits, mO, mLSE, loads, True, warps)
         elif part == 0 and cta_y == 0:
             # One CTA waits even when it has nothing to merge, so that this grid completes only after
             # the main kernel has: what follows in the stream (the next decode's griddepcontrol.wait,
@@ -346,20 +365,21 @@ class SplitMerge:
     def merge_slot(self, r: Int32, begin_split: Int32, cta_y: Int32, grid_y: Int32, warp: Int32, lane: Int32,
                    sAcc: cute.Tensor, sM: cute.Tensor, sS: cute.Tensor, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor,
                    mNumSplits: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, loads: cutlass.Constexpr[int],
-                   pdl_wait: cutlass.Constexpr[bool]):
+                   pdl_wait: cutlass.Constexpr[bool], warps: cutlass.Constexpr[int] = WARPS):
         """The merge work of grid cell ``(part, cta_y)`` of a ``[num_parts, grid_y]`` grid whose part
-        begins chunk ``begin_split >= 1`` of request ``r`` (module docstring), by the CTA's 8 warps
-        (``sAcc`` ``(CHUNK, WARPS)``, ``sM``/``sS`` ``WARPS`` fp32 in shared memory). ``mO``: out as
-        ``[b, rows, 512]`` (``out_rows``). ``pdl_wait``: wait for the main kernel (griddepcontrol.wait)
-        before the first partial is read; the in-grid merge has waited on the grid barrier instead."""
+        begins chunk ``begin_split >= 1`` of request ``r`` (module docstring), by the CTA's ``warps`` warps
+        (``sAcc`` ``(CHUNK, WARPS)``, ``sM``/``sS`` ``WARPS`` fp32 in shared memory, of which the first
+        ``warps`` columns are used). ``mO``: out as ``[b, rows, 512]`` (``out_rows``). ``pdl_wait``: wait for
+        the main kernel (griddepcontrol.wait) before the first partial is read; the in-grid merge has waited
+        on the grid barrier instead (and runs with the decode CTA's 8 warps)."""
         rows = self.rows
         base = mNumSplits[r]
         n = mNumSplits[r + 1] - base
         slots = n - 1
         slot = begin_split - 1
-        lg = self._split_groups_log2(n, loads)
+        lg = self._split_groups_log2(n, loads, warps)
         groups = Int32(1) << lg
-        unit_lg = Int32(WARPS.bit_length() - 1) - lg  # log2 of the row-chunks per unit, WARPS // groups
+        unit_lg = Int32(warps.bit_length() - 1) - lg  # log2 of the row-chunks per unit, warps // groups
         units = (rows * CHUNKS + (Int32(1) << unit_lg) - 1) >> unit_lg
         group = warp & (groups - 1)
         rPart = cute.make_rmem_tensor((LANE_COLS, loads), self.partial_dtype)

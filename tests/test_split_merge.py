@@ -191,6 +191,28 @@ def test_merge_kernel_units_cover_every_split_row_once(seed):
     assert set(seen) == want
 
 
+def test_merge_narrow_kernel_caps_warp_groups_at_its_warps():
+    """The narrow kernel of 16-bit partials runs 4-warp CTAs (``NARROW_WARPS``): a request with more chunks
+    than its estimate (a varlen plan) gets at most 4 warps per row-chunk, each taking several rounds, and
+    every split row is still merged exactly once."""
+    from split_k import merge_kernel, planner
+    L, W = merge_kernel.LOADS_NARROW, merge_kernel.LOADS_WIDE
+    assert merge_kernel.kernel_warps(L, W) == merge_kernel.NARROW_WARPS == 4
+    assert merge_kernel.kernel_warps(W, W) == merge_kernel.kernel_warps(L, L) == merge_kernel.WARPS == 8
+    assert merge_kernel.split_groups(100, L, 4) == 4 and merge_kernel.split_groups(100, L) == 8
+    lengths = [300000] + [64] * 100  # one long request among many one-tile ones: n_est is small
+    meta, splits = planner.plan(lengths, 132)
+    n_of = [int(splits[r + 1] - splits[r]) for r in range(len(lengths))]
+    assert n_of[0] > 4 * L  # more chunks than 4 warps take in one round
+    assert merge_kernel.kernel_loads(len(lengths), 132, W, None, 64) == L
+    work = merge_kernel.unit_assignment(meta, splits, 64, W)
+    seen = [(r, row, c0, i) for items in work.values() for r, row, c0, _, mine in items for i in mine]
+    assert len(seen) == len(set(seen))
+    assert set(seen) == {(r, row, c, i) for r in range(len(lengths)) if n_of[r] > 1
+                         for row in range(64) for c in range(0, 512, 128) for i in range(n_of[r])}
+    assert max(len(mine) for items in work.values() for *_, mine in items) > L  # several rounds per warp
+
+
 def test_merge_estimate_follows_the_planner_on_uniform_batches():
     """``estimated_chunks`` with the block table's capacity (what the merge sizes for and picks its
     loads per round from) lands on the same side of the 8- and 16-chunk thresholds (``LOADS_NARROW``,
