@@ -15,10 +15,11 @@ columns: a warp covers one with one 16-byte load of fp32 per lane, 8 bytes for 1
 A row-chunk is reduced by ``G`` warps, with ``G`` chosen per request so that a warp has at most
 ``L`` splits per round (``G = 1`` up to ``L`` splits, 2 up to ``2L``, 4 up to ``4L``, else 8); warp
 ``g`` of the ``G`` takes splits ``[gL, gL + L)`` of every block of ``GL`` (consecutive splits: the
-round's partials sit at one base address plus static offsets). A CTA of 8 warps therefore takes
-``R = 8 / G`` row-chunks at once (a *unit*): many rows per CTA when splits are few (big batches),
-one row-chunk spread over 8 warps when they are many (b = 1, long context). Unit ``u`` goes to slot
-``u % S`` and CTA row ``(u // S) % Y`` of the grid (a grid-stride loop covers any ``Y``).
+round's partials sit at one base address plus static offsets). A CTA of ``W`` warps (8; 4 for the
+narrow kernel of 16-bit partials, ``kernel_warps``) therefore takes ``R = W / G`` row-chunks at once (a
+*unit*): many rows per CTA when splits are few (big batches), one row-chunk spread over the CTA's warps
+when they are many (b = 1, long context); ``G`` is at most ``W`` (a warp then takes several rounds). Unit
+``u`` goes to slot ``u % S`` and CTA row ``(u // S) % Y`` of the grid (a grid-stride loop covers any ``Y``).
 
 ``L`` and ``Y`` are chosen on the host without reading the plan, from ``n_est`` chunks per request:
 what the split planner's cost model gives a batch of ``b`` requests that all fill the block table
@@ -29,10 +30,10 @@ least 1) whose ``b * ceil(T / t)`` chunks fit ``num_parts`` (the aligned plan's 
 (``estimated_chunks``; ``max(num_parts // b, 2)`` when the capacity is not given). ``L`` is 16 with
 16-bit partials when ``n_est > 16`` (``WIDE_ABOVE``; ``n_est > 8`` for requests of fewer than 64 rows) and 8
 otherwise (and always 8 for fp32 partials, whose loads are
-twice as wide): two compiled kernels, because 16 loads in flight take 98 registers (2 CTAs per SM)
-and 8 take 62 (4 per SM): where requests have at most 8 chunks both take one round, and the narrow
-kernel's occupancy wins (H200, b8 1024 keys: 0.8-1.0 us of 14-16); at 9-16 chunks of requests of 64
-rows or more its two warps per row-chunk are still as fast or faster (``WIDE_ABOVE``). ``Y`` is the units per slot,
+twice as wide): two compiled kernels, because 16 loads in flight take 98 registers (2 CTAs of 8 warps
+per SM) and 8 take 62 (4 CTAs of 8 warps, or 8 of 4): where requests have at most 8 chunks both take one
+round, and the narrow kernel's occupancy wins (H200, b8 1024 keys: 0.8-1.0 us of 14-16); at 9-16 chunks of
+requests of 64 rows or more its two warps per row-chunk are still as fast or faster (``WIDE_ABOVE``). ``Y`` is the units per slot,
 ``ceil(units(n_est) / (n_est - 1))``; skewed plans only make some CTAs loop more, and idle CTAs (but
 CTA (0, 0)) return without waiting for the main kernel. The choice depends on shapes only (b, num_parts, the block
 table's width), so a captured graph keeps it.
