@@ -16,7 +16,8 @@ behind entries that differ only in what follows it, and each is captured in its 
   ``griddepcontrol.wait``: the floor of any second kernel that reads the decode's results;
 - ``exit``: the same grid with PDL but CTAs that return at once (a second stage whose CTAs all find
   nothing to do);
-- ``merge-l8``: the merge with 8 splits per warp and round instead of 16 (16-bit partials);
+- ``merge-l8``: the merge with 8 splits per warp and round instead of 16 (16-bit partials), in 8-warp CTAs
+  (with at most 8 loads the kernel takes fp32 partials' CTA size, ``merge_kernel.kernel_warps``);
 - ``merge-w8``: the merge with 16 splits per warp and round wherever ``n_est > 8`` (16-bit partials; the
   rule before ``split_k.merge_kernel.WIDE_ABOVE``);
 - ``merge-y2``: the merge with twice the CTAs per slot;

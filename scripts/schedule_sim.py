@@ -32,7 +32,7 @@ Printed per schedule: SM cycles per tile (three runs, median CTA, from the score
 stamps around its loop) and the tile's tensor work at the dense bf16 peak (2048 multiply-adds per clock and
 SM: 2176 cycles) over that. ``--sass DIR``: compile only, write each schedule's SASS there and print its
 spill, HGMMA, ``WARPGROUP.DEPBAR`` and ``USETMAXREG`` counts. Measured (H100, docs/perf-notes.md,
-twenty-sixth session): ``2wg`` 2733-2737 cycles, ``3role-ss`` 2781-2799, ``2wg-bulk`` 3343-3670 by machine.
+twenty-sixth session): ``2wg`` 2733-2737 cycles, ``3role-ss`` 2781-2799, ``2wg-bulk`` 3340-3672 by machine.
 """
 from __future__ import annotations
 

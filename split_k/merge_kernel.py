@@ -33,8 +33,8 @@ otherwise (and always 8 for fp32 partials, whose loads are
 twice as wide): two compiled kernels, because 16 loads in flight take 98 registers (2 CTAs of 8 warps
 per SM) and 8 take 62 (4 CTAs of 8 warps, or 8 of 4): where requests have at most 8 chunks both take one
 round, and the narrow kernel's occupancy wins (H200, b8 1024 keys: 0.8-1.0 us of 14-16); at 9-16 chunks of
-requests of 64 rows or more its two warps per row-chunk are still as fast or faster (``WIDE_ABOVE``). ``Y`` is the units per slot,
-``ceil(units(n_est) / (n_est - 1))``; skewed plans only make some CTAs loop more, and idle CTAs (but
+requests of 64 rows or more its two warps per row-chunk are still as fast or faster (``WIDE_ABOVE``). ``Y`` is
+the units per slot, ``ceil(units(n_est) / (n_est - 1))``; skewed plans only make some CTAs loop more, and idle CTAs (but
 CTA (0, 0)) return without waiting for the main kernel. The choice depends on shapes only (b, num_parts, the block
 table's width), so a captured graph keeps it.
 
@@ -75,16 +75,18 @@ from cutlass import Float32, Int32, const_expr
 from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, BELOW_TARGET, BLOCK_N, FIXED_COST
 
 HEAD_DIM_V = 512
-THREADS = 256
+THREADS = 256  # the merge kernel's CTA but for the narrow kernel of 16-bit partials (``NARROW_WARPS``)
 WARPS = THREADS // 32
 NARROW_WARPS = 4
 """Warps per CTA of the narrow kernel with 16-bit partials (``kernel_warps``): 128-thread CTAs, twice as many,
 each half the row-chunks (and its warp groups' combine waits on 4 warps instead of 8). Paired against 8 warps
-on an H100 (docs/perf-notes.md, twenty-sixth session): b8 s1 h64 4096 24.03 / 24.70 and 24.06 / 24.74 us, b1
-s1 h16 1024 9.34 / 9.50 and 9.18 / 9.50, b4 s1 h128 4096 19.65 / 19.81 and 19.54 / 19.65, b32 s1 h64 1024
-26.21 / 26.27 and 26.05 / 26.14; the wide kernel with 4 warps was slower (b1 s1 h128 16384 19.87 / 19.58 and
-19.74 / 19.39), and 16-warp CTAs slower on every row. fp32 partials keep 8 warps: their one kernel also serves
-requests of many chunks, where ``G`` would be capped at 4."""
+on an H100 (docs/perf-notes.md, twenty-sixth section, 2a), 4 warps / 8, us: b8 s1 h64 4096 24.26 / 24.83 and
+24.29 / 24.93, b8 s2 h64 1024 16.38 / 16.83, b1 s1 h64 1024 10.91 / 11.10 and 10.91 / 11.20, b4 s1 h128 4096
+-0.06 / -0.11, b32 s1 h64 1024 -0.03 / -0.09. A timing hack with 4 warps in every kernel also showed the wide
+kernel: slower at ``G`` 4 (b1 s1 h128 16384 19.87 / 19.58 and 19.74 / 19.39), faster at ``G`` 1 (b1 s1 h16 1024
+9.34 / 9.50 and 9.18 / 9.50), mixed at ``G`` 1 on b8 s1 h16 4096; so a rule on ``G`` (4 warps up to ``G`` 2) may
+beat this one on the kernel: not measured. 16-warp CTAs were slower on every row. fp32 partials keep 8 warps:
+their one kernel also serves requests of many chunks, where ``G`` would be capped at 4."""
 LANE_COLS = 4  # columns per lane per load: 16 bytes of fp32
 CHUNK = 32 * LANE_COLS  # columns a warp covers with one load per lane
 CHUNKS = HEAD_DIM_V // CHUNK  # 4
@@ -96,10 +98,11 @@ LOADS_NARROW = 8
 WIDE_ABOVE = 16
 """``n_est`` above which 16-bit partials of requests with at least ``WIDE_ABOVE_ROWS`` rows take the wide
 kernel (``wide_above``); fewer rows keep it above ``LOADS_NARROW``. At 9-16 chunks of 64-128 rows the narrow
-kernel (``G = 2`` warps per row-chunk, 62 registers, 4 CTAs per SM) was 0.3-1.9% faster (graph replays
+kernel (``G = 2`` warps per row-chunk, 62 registers, then 4 CTAs of 8 warps per SM) was 0.3-1.9% faster (graph replays
 interleaved in one process, two passes, an H200 and an H100: b8 s1 h64 1024, b8 s2 h32 1024, b8 s1 h64 4096,
 b1 s1 h64 1024; docs/perf-notes.md, twenty-first session); with 16-32 rows it was 1-8% slower (b8 s1 h16
-4096 x1.08, b8 s1 h16 1024 x1.06 on the H100), and at 128 chunks (b1 s1 h16 16384) 6% slower."""
+4096 x1.08, b8 s1 h16 1024 x1.06 on the H100), and at 128 chunks (b1 s1 h16 16384) 6% slower. Measured before
+the narrow kernel took 4-warp CTAs (``NARROW_WARPS``), which made it faster: not measured again since."""
 WIDE_ABOVE_ROWS = 64
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
@@ -254,8 +257,8 @@ class SplitMerge:
         n_est = self.n_est(max_tiles, batch, num_parts)
         # Two kernels with 16-bit partials, chosen per launch from the shapes (so a graph keeps its
         # choice): 16 splits per warp and round where requests have many chunks (``wide_above``: fewer
-        # rounds and units per slot), 8 where they have fewer (62 registers instead of 98:
-        # 4 CTAs per SM instead of 2 for the big grids of large batches). See ``kernel_loads``.
+        # rounds and units per slot), 8 where they have fewer (62 registers instead of 98: 8 CTAs of 4 warps
+        # per SM instead of 2 of 8 for the big grids of large batches). See ``kernel_loads``, ``kernel_warps``.
         if cutlass.const_expr(self.max_loads > LOADS_NARROW):
             if n_est > self.wide_above:
                 self.launch(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl, n_est, self.max_loads)

@@ -44,6 +44,9 @@ CASES = [
     ([141, 20, 7], 4, 128, True, torch.bfloat16),  # 512 rows: 8 m-blocks
     ([140, 33], 4, 3, True, torch.bfloat16),
     ([16384], 1, 128, False, torch.bfloat16),  # b=1 long: split across all SMs + merge
+    # A skewed batch: the merge picks its narrow kernel (n_est 4, 4-warp CTAs) but the long request has 105
+    # chunks on 132 SMs, more than 4 warps take in one round: G capped at 4, each warp several rounds.
+    ([20000] + [64] * 31, 1, 64, False, torch.bfloat16),
     ([16384], 2, 64, True, torch.bfloat16),
     ([0, 0], 1, 16, False, torch.bfloat16),  # every row empty
     (varlen(64, 4096, seed=1, zeros=3), 1, 16, False, torch.bfloat16),
