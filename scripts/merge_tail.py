@@ -20,6 +20,9 @@ behind entries that differ only in what follows it, and each is captured in its 
   (with at most 8 loads the kernel takes fp32 partials' CTA size, ``merge_kernel.kernel_warps``);
 - ``merge-w8``: the merge with 16 splits per warp and round wherever ``n_est > 8`` (16-bit partials; the
   rule before ``split_k.merge_kernel.WIDE_ABOVE``);
+- ``merge-n16``: the narrow kernel (8 splits per round; 4-warp CTAs with 16-bit partials) up to ``n_est`` 16 for
+  requests of any row count (the library keeps it up to 8 below ``WIDE_ABOVE_ROWS`` rows, a rule measured when
+  the narrow kernel still ran 8-warp CTAs);
 - ``merge-y2``: the merge with twice the CTAs per slot;
 - ``merge-old``: the merge kernel module at ``$MERGE_OLD`` (a file, e.g. from ``git show``), for A/B;
 - ``merge-alt``: the same for a module with today's ``SplitMerge.__call__`` signature (``max_tiles``), at
@@ -42,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 
 CONFIGS = ((64, 1, 1, 16, 1024), (64, 1, 1, 16, 16384), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096),
            (64, 128, 1, 128, 4096))
-MODES = ("merge", "grid", "merge-nopdl", "merge-l8", "merge-w8", "merge-y2", "merge-old", "merge-alt", "merge-alt2",
-         "none", "wait", "exit")
+MODES = ("merge", "grid", "merge-nopdl", "merge-l8", "merge-w8", "merge-n16", "merge-y2", "merge-old", "merge-alt",
+         "merge-alt2", "none", "wait", "exit")
 DEFAULT_MODES = ("merge", "grid", "merge-nopdl", "none", "wait", "exit")
 
 
@@ -51,7 +54,7 @@ import cutlass  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 
 from pipelines.launch import DecodeEntry  # noqa: E402
-from split_k.merge_kernel import LOADS_NARROW, SplitMerge  # noqa: E402
+from split_k.merge_kernel import LOADS_NARROW, WIDE_ABOVE, SplitMerge  # noqa: E402
 
 
 class Tail:
@@ -97,6 +100,8 @@ class ModeEntry(DecodeEntry):
             self.merge.max_loads = LOADS_NARROW
         if mode == "merge-w8":
             self.merge.wide_above = LOADS_NARROW  # the 16-load kernel above 8 estimated chunks (before WIDE_ABOVE)
+        if mode == "merge-n16":
+            self.merge.wide_above = WIDE_ABOVE  # the narrow kernel up to 16 estimated chunks at any row count
         if mode == "merge-y2":
             self.merge = DoubleY(self.merge.dtype, self.merge.h_q, self.rows // self.merge.h_q, self.partial_dtype)
         if mode in ("merge-old", "merge-alt", "merge-alt2"):
@@ -112,7 +117,8 @@ class ModeEntry(DecodeEntry):
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                     o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1), stream)
         max_tiles = self.merge_tiles(block_table)
-        if cutlass.const_expr(self.mode in ("merge-l8", "merge-w8", "merge-y2", "merge-alt", "merge-alt2")):
+        if cutlass.const_expr(self.mode in ("merge-l8", "merge-w8", "merge-n16", "merge-y2", "merge-alt",
+                                            "merge-alt2")):
             self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, max_tiles, stream,
                        use_pdl=True)
         if cutlass.const_expr(self.mode == "merge-old"):  # a previous module: its own signature
