@@ -158,9 +158,9 @@ class MLADecode2WG(MLADecodeBase):
         lo, hi = self.kv_groups_rows
         if self.kv_groups == 2 and (split_cluster > 1 or not paged_kv.uses_tma(page_size) or not lo <= rows <= hi
                                     or seqlen_q not in self.kv_groups_sq):
-            # Column groups need TMA pages, and a split cluster's epilogue reuses the K stages as scratch:
-            # one group there, and where it was not measured to win (s_q > 1: see ``kv_groups``) (the instance's value shadows the class
-            # constant before the skeleton reads it).
+            # Column groups need TMA pages, and a split cluster's epilogue reuses the K stages as scratch: one
+            # group there, and outside ``kv_groups_rows`` / ``kv_groups_sq``, where they did not win (``kv_groups``).
+            # The instance's value shadows the class constant before the skeleton reads it.
             self.kv_groups = 1
         super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, multicast, split_cluster)
 
