@@ -242,8 +242,6 @@ class DecodeEntry:
         self.partial_dtype = cutlass.Float32 if c.partial == "float32" else cdt
         self.merge = SplitMerge(cdt, c.num_heads_q, c.seqlen_q, self.partial_dtype)
         self.decode.merger = self.merge  # used where the kernel merges in its grid (can_merge_in_grid)
-        # Where the decode counts each split request's stored chunks, the merge waits for them per request.
-        self.merge.chunk_ctas = self.decode.merge_chunk_words()
 
     @cute.jit
     def __call__(self, q: cute.Tensor, k_cache: cute.Tensor, block_table: cute.Tensor, cache_seqlens: cute.Tensor,

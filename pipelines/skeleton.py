@@ -27,8 +27,7 @@ from cutlass._mlir.dialects import llvm
 
 from pipelines import layouts, paged_kv, softmax
 from split_k import grid_sync, merge_kernel
-from split_k import grid_sync as _grid_sync
-from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, END_REQ, GRID_COUNT_COLUMN, MERGE_FLAG_COLUMN
+from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, GRID_COUNT_COLUMN
 from split_k.planner import split_groups as split_groups_expr
 
 SPLIT_CLUSTERS = (1, 2, 4, 8)
@@ -93,13 +92,6 @@ class MLADecodeBase:
     # ``split_k.merge_kernel.SplitMerge`` whose ``merge_slot`` the CTAs run). A class constant.
     in_grid_merge = False
     merger = None
-    # Chunk words (``split_k.grid_sync``, "Chunk words"): after its roles, each CTA counts the split chunks
-    # it stored on their requests' words, so the merge kernel's CTAs of a request start once that request's
-    # chunks are stored instead of after the whole decode grid (its slowest CTA, then the grid's completion
-    # and flush). A variant opts in where every thread returns from its roles (the CTA barrier before the
-    # count); ``DecodeEntry`` then tells the merge (``merge_chunk_words``). A class constant (an A/B sets it
-    # False).
-    chunk_words = False
     # Rows of Q's shared-memory tile and TMA box: one wgmma M. A variant that serves fewer query rows
     # per CTA (the narrow 2wg kernel, 16 or 32) loads and keeps only those, which frees shared memory.
     q_tile_rows = BLOCK_M
@@ -254,11 +246,6 @@ class MLADecodeBase:
     def any_cluster(self) -> bool:
         return self.cluster > 1 or self.split_cluster > 1
 
-    def merge_chunk_words(self) -> int:
-        """CTAs per chunk that count a split request's chunks on its chunk word (m-blocks times kv heads),
-        or 0 where this kernel does not count them (``chunk_words`` off, or a split cluster)."""
-        return self.num_m_blocks * self.h_kv if self.chunk_words and self.split_cluster == 1 else 0
-
     def can_merge_in_grid(self) -> bool:
         """Whether this kernel can merge in its grid (``in_grid_merge``, a merger set, 256 threads, no
         split cluster: a split cluster merges in its own epilogue)."""
@@ -344,31 +331,12 @@ class MLADecodeBase:
         # reads the plan before its own wait, so the plan's writer (the planner kernel) must have
         # completed. No-op when nothing depends on this grid.
         cute.arch.griddepcontrol_launch_dependents()
-        # Chunk words: thread 0 reads, now, which of this part's chunks are split pieces (its first
-        # request's and its last's), so the count after the roles waits for no load.
-        first_word = Int32(-1)
-        last_word = Int32(-1)
-        if const_expr(self.merge_chunk_words() > 0):
-            if tidx == 0:
-                first_word, last_word = self.chunk_word_rows(part, mMeta, mNumSplits)
 
         # The roles read this CTA's work list themselves (``work_list``): a variant that resizes its
         # warpgroups' registers (setmaxnreg) reads it after doing so.
         self.warpgroup_roles(tidx, m_block, kv_head, mMeta,
                              tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
                              mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2)
-        if const_expr(self.merge_chunk_words() > 0):
-            # Every thread's stores of out / partials / lse are behind the barrier; thread 0's release
-            # then orders them before the count (the in-grid merge counts on its grid barrier instead).
-            cute.arch.sync_threads()
-            if tidx == 0:
-                if grid_merge == 0:
-                    if first_word >= 0:
-                        _grid_sync.chunk_arrive((mMeta.iterator + (first_word * mMeta.stride[0]
-                                                                   + MERGE_FLAG_COLUMN)).toint())
-                    if last_word >= 0:
-                        _grid_sync.chunk_arrive((mMeta.iterator + (last_word * mMeta.stride[0]
-                                                                   + MERGE_FLAG_COLUMN)).toint())
         if const_expr(self.any_cluster()):
             # No CTA leaves while a peer may still arrive on its empty barriers (the peers' last
             # releases): every thread of both CTAs is past its last pipeline operation when it
@@ -382,25 +350,6 @@ class MLADecodeBase:
             if grid_merge != 0:
                 self.merge_in_grid(tidx, m_block, part, kv_head, mMeta, mNumSplits, storage, merge_y, mMergeO,
                                    mMergeLSE, mMergeOaccum, mMergeLSEaccum)
-
-    @cute.jit
-    def chunk_word_rows(self, part: Int32, mMeta: cute.Tensor, mNumSplits: cute.Tensor):
-        """The plan rows of the chunk words this part counts on (-1: none): its first request's when that
-        chunk is a piece of a split request (chunk ``j = begin_split``: row ``part + 1 - j``), its last
-        request's when that is another request and split (its chunk 0 ends this part: row ``part + 1``).
-        A request strictly inside the part is whole."""
-        begin_req = mMeta[part, BEGIN_REQ]
-        end_req = mMeta[part, END_REQ]
-        begin_split = mMeta[part, BEGIN_SPLIT]
-        first_word = Int32(-1)
-        last_word = Int32(-1)
-        if begin_req <= end_req:
-            if mNumSplits[begin_req + 1] - mNumSplits[begin_req] > 1:
-                first_word = part + 1 - begin_split
-            if end_req > begin_req:
-                if mNumSplits[end_req + 1] - mNumSplits[end_req] > 1:
-                    last_word = part + 1
-        return first_word, last_word
 
     @cute.jit
     def merge_in_grid(self, tidx: Int32, m_block: Int32, part: Int32, kv_head: Int32, mMeta: cute.Tensor,

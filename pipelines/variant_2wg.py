@@ -50,7 +50,6 @@ class MLADecode2WG(MLADecodeBase):
     prefetch_next_chunk = True
     early_cluster_arrive = True  # skeleton: both warpgroups arrive after their last K release
     in_grid_merge = True  # skeleton: the split-kv merge in this grid where the API asks for it
-    chunk_words = True  # skeleton: the merge kernel waits per request (every thread returns from the roles)
     late_cluster_start_wait = True  # skeleton: the start's cluster wait after the plan row's loads
     # K tiles are read once per CTA (or once per cluster, multicast) and never again: marking them first
     # to leave L2 keeps Q, the block table and the other m-block CTAs' lines. Measured on H200s (paired

@@ -49,7 +49,6 @@ MODES = {
     "2wg-l2-short16": ("2wg", dict(l2_prefetch_chunk_tiles=16), True),
     "2wg-evict-first": ("2wg", dict(kv_l2_hint="evict_first"), True),
     "2wg-no-pdl": ("2wg", dict(dependent_launch=False), True),  # plain launch of the decode
-    "2wg-no-words": ("2wg", dict(chunk_words=False), True),  # the merge waits for the whole decode grid
     "2wg-head-late": ("2wg", dict(head_pages_early=False), True),  # a chunk's first page ids after its length
     "2wg-refill-late": ("2wg", dict(refill_pages_early=False), True),  # pages 64/128: refill page id after the release
     "2wg-q-warp0": ("2wg", dict(q_warp_apart=False), True),  # Q's TMA from the K producer warp 0 (narrow kernel)

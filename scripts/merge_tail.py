@@ -23,8 +23,6 @@ behind entries that differ only in what follows it, and each is captured in its 
 - ``merge-n16``: the narrow kernel (8 splits per round; 4-warp CTAs with 16-bit partials) up to ``n_est`` 16 for
   requests of any row count (the library keeps it up to 8 below ``WIDE_ABOVE_ROWS`` rows, a rule measured when
   the narrow kernel still ran 8-warp CTAs);
-- ``merge-words-off``: the merge waiting for the whole decode grid (griddepcontrol.wait) instead of each
-  request's chunk word (the decode then does not count its chunks: ``chunk_words`` off);
 - ``merge-y2``: the merge with twice the CTAs per slot;
 - ``merge-old``: the merge kernel module at ``$MERGE_OLD`` (a file, e.g. from ``git show``), for A/B;
 - ``merge-alt``: the same for a module with today's ``SplitMerge.__call__`` signature (``max_tiles``), at
@@ -47,7 +45,7 @@ sys.path.insert(0, str(ROOT))
 
 CONFIGS = ((64, 1, 1, 16, 1024), (64, 1, 1, 16, 16384), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096),
            (64, 128, 1, 128, 4096))
-MODES = ("merge", "grid", "merge-nopdl", "merge-words-off", "merge-l8", "merge-w8", "merge-n16", "merge-y2", "merge-old", "merge-alt",
+MODES = ("merge", "grid", "merge-nopdl", "merge-l8", "merge-w8", "merge-n16", "merge-y2", "merge-old", "merge-alt",
          "merge-alt2", "none", "wait", "exit")
 DEFAULT_MODES = ("merge", "grid", "merge-nopdl", "none", "wait", "exit")
 
@@ -111,11 +109,6 @@ class ModeEntry(DecodeEntry):
             self.merge = module.SplitMerge(self.merge.dtype, self.merge.h_q, self.rows // self.merge.h_q,
                                            self.partial_dtype)
         self.tail = Tail(mode == "wait")
-        if mode in ("none", "wait", "exit", "merge-old", "merge-alt", "merge-alt2", "merge-words-off"):
-            # No merge that reads the chunk words follows (or one that waits for the whole grid): the
-            # decode must not count on them (split_k.grid_sync, "Chunk words").
-            self.decode.chunk_words = False
-        self.merge.chunk_ctas = self.decode.merge_chunk_words()
 
     @cute.jit
     def __call__(self, q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
@@ -125,7 +118,7 @@ class ModeEntry(DecodeEntry):
                     o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1), stream)
         max_tiles = self.merge_tiles(block_table)
         if cutlass.const_expr(self.mode in ("merge-l8", "merge-w8", "merge-n16", "merge-y2", "merge-alt",
-                                            "merge-alt2", "merge-words-off")):
+                                            "merge-alt2")):
             self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, max_tiles, stream,
                        use_pdl=True)
         if cutlass.const_expr(self.mode == "merge-old"):  # a previous module: its own signature

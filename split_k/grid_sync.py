@@ -19,20 +19,6 @@ a generation word, added about 0.5 us on an H200: one more fence and store on th
 
 The word must not be shared by two decodes that run at the same time: one plan serves one decode at
 a time (as one workspace already does).
-
-Chunk words (the merge kernel's wait per request, ``split_k.planner.MERGE_FLAG_COLUMN``): a split
-request's word is ``tile_scheduler_metadata[q, 6]`` with ``q`` the part where its chunk 1 begins (the
-part of chunk ``j`` is ``q + j - 1``: a decode CTA of part ``p`` holding chunk ``j`` uses ``q = p + 1 - j``,
-also for chunk 0, which ends part ``q - 1``; a merge CTA of slot ``s`` in part ``p`` uses ``q = p - s``).
-Its low 16 bits count the request's stored chunks: every decode CTA adds 1 per split chunk it holds
-(``red.release.gpu`` after a CTA barrier that follows its stores), so the request is complete at ``n``
-times the CTAs per chunk (m-blocks times kv heads). Each merge CTA with work polls with
-``ld.acquire.gpu`` until then, adds ``2^16`` (its high 16 bits count the merge CTAs past the poll), and
-the one whose add returns the count of all the others stores 0: every merge CTA of the request is past
-its poll, and the next decode's arrivals come after this grid completes (the next decode's
-griddepcontrol.wait), as do the next merge's polls (its launch follows that wait). So the word is 0
-between decodes, as the planners wrote it, and the same rule as above holds: one plan, one decode at a
-time.
 """
 from __future__ import annotations
 
@@ -70,66 +56,3 @@ def wait(count_addr: Int64, before: Int32):
     seen = _load_acquire(count_addr)
     while ((seen ^ before) & Int32(FLIP)) == Int32(0):
         seen = _load_acquire(count_addr)
-
-
-def _red_release_add(addr: Int64, value: Int32):
-    llvm.inline_asm(None, [Int64(addr).ir_value(), Int32(value).ir_value()],
-                    "red.release.gpu.global.add.u32 [$0], $1;", "l,r", has_side_effects=True)
-
-
-def _atomic_add_relaxed(addr: Int64, value: Int32) -> Int32:
-    return Int32(llvm.inline_asm(Int32.mlir_type, [Int64(addr).ir_value(), Int32(value).ir_value()],
-                                 "atom.relaxed.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", has_side_effects=True))
-
-
-def _store_relaxed(addr: Int64, value: Int32):
-    llvm.inline_asm(None, [Int64(addr).ir_value(), Int32(value).ir_value()],
-                    "st.relaxed.gpu.global.b32 [$0], $1;", "l,r", has_side_effects=True)
-
-
-CHUNK_MASK = 0xFFFF
-CONSUMED_SHIFT = 16
-
-
-@cute.jit
-def chunk_arrive(word_addr: Int64):
-    """One decode CTA's stored chunk of a split request (one thread, after a CTA barrier that follows
-    the CTA's stores: the release orders them before the count)."""
-    _red_release_add(word_addr, Int32(1))
-
-
-@cute.jit
-def chunk_wait(word_addr: Int64, target: Int32) -> Int32:
-    """A merge CTA (one thread): spin until ``target`` chunks are counted on the request's word, then
-    count this CTA as past its poll. Returns the word before that count (for ``chunk_release``)."""
-    seen = _load_acquire(word_addr)
-    while (seen & Int32(CHUNK_MASK)) < target:
-        seen = _load_acquire(word_addr)
-    return _atomic_add_relaxed(word_addr, Int32(1 << CONSUMED_SHIFT))
-
-
-@cute.jit
-def chunk_release(word_addr: Int64, before: Int32, consumers: Int32):
-    """The last of the request's ``consumers`` merge CTAs past the poll returns the word to 0."""
-    if ((before >> CONSUMED_SHIFT) & Int32(CHUNK_MASK)) == consumers - 1:
-        _store_relaxed(word_addr, Int32(0))
-
-
-def decode_word_rows(metadata, num_splits, part: int) -> list[tuple[int, int]]:
-    """``(request, row)`` of each chunk word a decode CTA of plan part ``part`` counts on
-    (``MLADecodeBase.chunk_word_rows`` in plain Python, for the CPU tests): lists or tensors of the plan."""
-    from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, END_REQ
-    m = [int(x) for x in metadata[part]]
-    ns = [int(x) for x in num_splits]
-    words = []
-    if m[BEGIN_REQ] <= m[END_REQ]:
-        if ns[m[BEGIN_REQ] + 1] - ns[m[BEGIN_REQ]] > 1:
-            words.append((m[BEGIN_REQ], part + 1 - m[BEGIN_SPLIT]))
-        if m[END_REQ] > m[BEGIN_REQ] and ns[m[END_REQ] + 1] - ns[m[END_REQ]] > 1:
-            words.append((m[END_REQ], part + 1))
-    return words
-
-
-def merge_word_row(part: int, begin_split: int) -> int:
-    """The chunk-word row of the merge CTAs of plan part ``part`` (slot ``begin_split - 1``)."""
-    return part - (begin_split - 1)

@@ -72,8 +72,7 @@ import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
 
-from split_k import grid_sync
-from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, BELOW_TARGET, BLOCK_N, FIXED_COST, MERGE_FLAG_COLUMN
+from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, BELOW_TARGET, BLOCK_N, FIXED_COST
 
 HEAD_DIM_V = 512
 THREADS = 256  # the merge kernel's CTA but for the narrow kernel of 16-bit partials (``NARROW_WARPS``)
@@ -240,10 +239,6 @@ class SplitMerge:
         self.rows = num_heads * seqlen_q
         self.wide_above = wide_above(self.rows)  # an A/B sets another (scripts/merge_tail.py)
         self.max_loads = loads_in_flight(partial_dtype.width // 8)
-        # Decode CTAs per chunk that count a split request's stored chunks on its chunk word (``DecodeEntry``
-        # sets it where the decode kernel does, ``MLADecodeBase.merge_chunk_words``); 0: wait for the whole
-        # decode grid (griddepcontrol.wait) instead.
-        self.chunk_ctas = 0
 
     @cute.jit
     def __call__(self, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor, mNumSplits: cute.Tensor, mMeta: cute.Tensor,
@@ -362,7 +357,7 @@ class SplitMerge:
             storage = cutlass.utils.SmemAllocator().allocate(self.shared_storage)
             sAcc, sM, sS = smem_views(storage.buf.data_ptr())
             self.merge_slot(r, begin_split, cta_y, grid_y, warp, lane, sAcc, sM, sS,
-                            mOaccum, mLSEaccum, mNumSplits, mO, mLSE, loads, True, warps, mMeta, part)
+                            mOaccum, mLSEaccum, mNumSplits, mO, mLSE, loads, True, warps)
         elif part == 0 and cta_y == 0:
             # One CTA waits even when it has nothing to merge, so that this grid completes only after
             # the main kernel has: what follows in the stream (the next decode's griddepcontrol.wait,
@@ -374,15 +369,13 @@ class SplitMerge:
     def merge_slot(self, r: Int32, begin_split: Int32, cta_y: Int32, grid_y: Int32, warp: Int32, lane: Int32,
                    sAcc: cute.Tensor, sM: cute.Tensor, sS: cute.Tensor, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor,
                    mNumSplits: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor, loads: cutlass.Constexpr[int],
-                   pdl_wait: cutlass.Constexpr[bool], warps: cutlass.Constexpr[int] = WARPS, mMeta=None, part=None):
+                   pdl_wait: cutlass.Constexpr[bool], warps: cutlass.Constexpr[int] = WARPS):
         """The merge work of grid cell ``(part, cta_y)`` of a ``[num_parts, grid_y]`` grid whose part
         begins chunk ``begin_split >= 1`` of request ``r`` (module docstring), by the CTA's ``warps`` warps
         (``sAcc`` ``(CHUNK, WARPS)``, ``sM``/``sS`` ``WARPS`` fp32 in shared memory, of which the first
         ``warps`` columns are used). ``mO``: out as ``[b, rows, 512]`` (``out_rows``). ``pdl_wait``: wait for
-        the main kernel before the first partial is read: for this request's chunks on its chunk word
-        (``mMeta``, plan part ``part``; ``chunk_ctas``) where the decode counts them, else for the whole
-        grid (griddepcontrol.wait); the in-grid merge has waited on the grid barrier instead (and runs with
-        the decode CTA's 8 warps)."""
+        the main kernel (griddepcontrol.wait) before the first partial is read; the in-grid merge has waited
+        on the grid barrier instead (and runs with the decode CTA's 8 warps)."""
         rows = self.rows
         base = mNumSplits[r]
         n = mNumSplits[r + 1] - base
@@ -397,21 +390,7 @@ class SplitMerge:
         rLse = cute.make_rmem_tensor(loads, Float32)
         acc = cute.make_rmem_tensor(LANE_COLS, Float32)
 
-        use_word = const_expr(pdl_wait and self.chunk_ctas > 0)
-        word_addr = cutlass.Int64(0)
-        before = Int32(0)
-        consumers = Int32(0)
-        if const_expr(use_word):
-            # Partials and lse_accum come from the main kernel: wait for this request's chunks only
-            # (split_k.grid_sync, "Chunk words"). A CTA without a unit neither waits nor counts.
-            word_addr = (mMeta.iterator + ((part - slot) * mMeta.stride[0] + MERGE_FLAG_COLUMN)).toint()
-            consumers = cutlass.min(units, slots * grid_y)
-            if cta_y * slots + slot < units:
-                if warp == 0:
-                    if lane == 0:
-                        before = grid_sync.chunk_wait(word_addr, n * self.chunk_ctas)
-                cute.arch.sync_threads()
-        elif const_expr(pdl_wait):
+        if const_expr(pdl_wait):
             cute.arch.griddepcontrol_wait()  # partials and lse_accum come from the main kernel
         for unit in cutlass.range(cta_y * slots + slot, units, grid_y * slots, unroll=1):
             rc = (unit << unit_lg) + (warp >> lg)  # this warp's row-chunk
@@ -498,8 +477,3 @@ class SplitMerge:
                 if (rc & (CHUNKS - 1)) == 0:
                     if lane == 0:
                         mLSE[r, row % self.h_q, row // self.h_q] = lse
-        if const_expr(use_word):
-            if cta_y * slots + slot < units:
-                if warp == 0:
-                    if lane == 0:
-                        grid_sync.chunk_release(word_addr, before, consumers)

@@ -22,8 +22,7 @@ idx   name         meaning
 2     end_req      last request of the part (inclusive)
 3     end_block    one past the last KV tile of ``end_req`` (exclusive)
 4     begin_split  chunk index (within ``begin_req``) of the part's first chunk
-5-7   reserved     0 (column 6: a split request's chunk word, ``MERGE_FLAG_COLUMN``; row 0's column 7: the in-grid
-                   merge's barrier word, 0 or 2^31 after a decode)
+5-7   reserved     0 (row 0's column 7: the in-grid merge's barrier word, 0 or 2^31 after a decode)
 ====  ===========  ==========================================================================
 
 A part processes requests ``begin_req..end_req``. For a request strictly inside the range the
@@ -124,11 +123,6 @@ BEGIN_REQ, BEGIN_BLOCK, END_REQ, END_BLOCK, BEGIN_SPLIT = range(5)
 GRID_COUNT_COLUMN = 7
 """Reserved column whose row-0 word the in-grid merge's barrier counts on (``split_k.grid_sync``): the
 planners write 0 there; each decode with the in-grid merge adds 2^31 (its low 31 bits stay 0)."""
-MERGE_FLAG_COLUMN = 6
-"""Reserved column holding, in the row of the part where a split request's chunk 1 begins, that request's
-*chunk word* (``split_k.grid_sync``, "Chunk words"): the decode CTAs count the request's stored chunks on it,
-and the merge kernel's CTAs of that request wait for the count instead of for the whole decode grid. The
-planners write 0; the merge returns it to 0 at the end of each decode."""
 
 
 def num_sm_parts(num_sms: int, rows_per_kv: int, h_kv: int) -> int:
