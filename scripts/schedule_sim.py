@@ -27,12 +27,20 @@ tile is already there. Schedules:
   when the P.V warpgroups get less than 160 registers, and at 184 the score warpgroup spills and its
   wgmma are serialized.
 - ``3role-ss``: ``3role`` with Q in shared memory (SS QK): the schedule alone, without the RS step.
+- ``2wg-defer`` (``-bulk``): ``2wg`` with WG1's P.V of tile t-1 issued only once WG0's QK of tile t has retired
+  (``BAR_QK_DONE``), so that it runs beside WG0's softmax instead of beside its QK.
+- ``2wg-ksplit`` (``-bulk``): the QK split along K between the warpgroups: WG0 runs k-steps 0-17, WG1 18-35
+  and hands its partial scores (fp32, 16 KB, a buffer the decode kernel has no room for) to WG0 through shared
+  memory (``BAR_S_FULL`` / ``BAR_S_EMPTY``) before its half of P.V. WG1 waits for its P.V behind the issue: with
+  it in flight across the loop's back edge, ptxas serialized every wgmma.
 
 Printed per schedule: SM cycles per tile (three runs, median CTA, from the score warpgroup's ``%clock64``
 stamps around its loop) and the tile's tensor work at the dense bf16 peak (2048 multiply-adds per clock and
 SM: 2176 cycles) over that. ``--sass DIR``: compile only, write each schedule's SASS there and print its
 spill, HGMMA, ``WARPGROUP.DEPBAR`` and ``USETMAXREG`` counts. Measured (H100, docs/perf-notes.md,
-twenty-sixth session): ``2wg`` 2733-2737 cycles, ``3role-ss`` 2781-2799, ``2wg-bulk`` 3340-3672 by machine.
+twenty-sixth and twenty-seventh sessions): ``2wg`` 2733-2737 cycles, ``3role-ss`` 2781-2799, ``2wg-bulk``
+3340-3672 by machine; ``2wg-defer`` 2918, ``2wg-ksplit`` 3000, ``2wg-defer-bulk`` 3595-3615, ``2wg-ksplit-bulk``
+3328-3544 (``2wg-bulk`` 3377-3419 in that call).
 """
 from __future__ import annotations
 
@@ -56,7 +64,8 @@ from cutlass._mlir.dialects import llvm  # noqa: E402
 from pipelines import layouts, softmax  # noqa: E402
 
 BF16 = cutlass.BFloat16
-SCHEDULES = ("2wg", "2wg-bulk", "2wg-bulk2", "2wg-bulk2-hbm", "2wg-rope", "2wg-bulk-rope", "3role", "3role-ss")
+SCHEDULES = ("2wg", "2wg-bulk", "2wg-bulk2", "2wg-bulk2-hbm", "2wg-rope", "2wg-bulk-rope", "3role", "3role-ss",
+             "2wg-ksplit", "2wg-ksplit-bulk", "2wg-defer", "2wg-defer-bulk")
 BULK_BYTES = 9 * 8192  # one 64-token K tile of 576 bf16 columns
 STREAM_TILES = 64  # ``-hbm``: K-like tiles each CTA streams through (132 x 64 x 72 KB = 608 MB, far past L2)
 
@@ -68,6 +77,9 @@ def out_words(schedule: str, threads: int) -> int:
     return 132 * threads + 132 * 4 + tiles * BULK_BYTES // 4
 BAR_P_FULL = 1
 BAR_P_EMPTY = 2
+BAR_S_FULL = 3  # ksplit: WG1's partial scores in shared memory
+BAR_S_EMPTY = 4  # ksplit: WG0 has read them
+BAR_QK_DONE = 5  # defer: WG0's QK of the next tile has retired
 # 3role: registers per thread after setmaxnreg (score, P.V, P.V): 384 threads at one CTA per SM start at 168,
 # a pool of 128 x 504.
 REGS_3ROLE = (184, 160, 160)
@@ -99,6 +111,7 @@ class ScheduleSim:
             p: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(sP_layout)], 1024]
             v: cute.struct.Align[cute.struct.MemRange[BF16, cute.cosize(sV_layout)], 1024]
             scale: cute.struct.Align[cute.struct.MemRange[Float32, 64], 16]
+            x: cute.struct.Align[cute.struct.MemRange[Float32, 64 * 64], 16]  # ksplit's partial scores
             bulk_bar: cute.struct.Align[cute.struct.MemRange[cutlass.Int64, 2], 8]
 
         self.storage = Storage
@@ -131,7 +144,13 @@ class ScheduleSim:
         wg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4  # warpgroup-uniform (setmaxnreg)
         wg_tidx = tidx % 128
         gidx = bidx * self.threads + tidx
-        if const_expr(self.wgs == 2):
+        s_x = storage.x.get_tensor(cute.make_layout((128, 32), stride=(1, 128)))
+        if const_expr("ksplit" in self.schedule):
+            if wg == 0:
+                self.score_ks(wg_tidx, sQ, sK, sP, sV, s_scale, s_x, iters, out, gidx)
+            else:
+                self.pv_ks(wg_tidx, sQ, sK, sP, sV, s_x, iters, out, gidx, bulk_bar)
+        elif const_expr(self.wgs == 2):
             if wg == 0:
                 self.score(wg_tidx, sQ, sK, sP, sV, s_scale, iters, out, gidx, 256, False, True)
             else:
@@ -191,8 +210,9 @@ class ScheduleSim:
         if const_expr(with_pv):
             acc_o.fill(0.0)
         scale_log2 = Float32(0.0625)
+        defer = const_expr("defer" in self.schedule)
         self.stamp(out, 0, wg_tidx)
-        for _ in cutlass.range(iters, unroll=1):
+        for t in cutlass.range(iters, unroll=1):
             acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((64, 64)), Float32)
             warpgroup.fence()
             for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2]) - (4 if rope else 0)):
@@ -204,6 +224,9 @@ class ScheduleSim:
                     cute.gemm(mma_rope, acc_s, tRrQ[None, None, k], tRrK[None, None, k], acc_s)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
+            if const_expr(defer):
+                if t > 0:  # WG1 may now run its P.V of the tile before, beside this softmax
+                    cute.arch.barrier_arrive(barrier_id=BAR_QK_DONE, number_of_threads=bar_threads)
             softmax.online_softmax_step(layouts.acc_mn_view(acc_s), row_max, row_sum, row_scale, scale_log2)
             rP = cute.make_rmem_tensor_like(acc_s, BF16)
             rP.store(acc_s.load().to(BF16))
@@ -254,6 +277,9 @@ class ScheduleSim:
         cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=bar_threads)  # P starts free
         for it in cutlass.range(iters, unroll=1):
             cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=bar_threads)
+            if const_expr("defer" in self.schedule):
+                if it < iters - 1:  # ``-defer``: this P.V beside WG0's softmax of the next tile, not its QK
+                    cute.arch.barrier(barrier_id=BAR_QK_DONE, number_of_threads=bar_threads)
             warpgroup.fence()
             for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
                 mma_pv.set(warpgroup.Field.ACCUMULATE, True)
@@ -291,6 +317,127 @@ class ScheduleSim:
                             cute.arch.mbarrier_wait(bulk_bar + b, (uses - 1) & 1)
                 else:
                     cute.arch.mbarrier_wait(bulk_bar, phase ^ 1)
+        out[gidx] = acc_o[0]
+
+
+    @cute.jit
+    def score_ks(self, wg_tidx, sQ, sK, sP, sV, s_scale, s_x, iters, out, gidx):
+        """``2wg-ksplit`` WG0: the first 18 k-steps of QK (Q and K columns 0-287), then WG1's partial scores
+        (the other 18) added from shared memory, softmax, P for WG1, its half of P.V from registers."""
+        mma_qk = self.mma(64, False)
+        thr_qk = mma_qk.get_slice(wg_tidx)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+        half = cute.size(tSrQ, mode=[2]) // 2
+        tPsP = thr_qk.partition_C(sP)
+        tScS = layouts.acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((64, 64))))
+        n_rows = cute.size(tScS, mode=[0])
+        row_max = cute.make_rmem_tensor(n_rows, Float32)
+        row_sum = cute.make_rmem_tensor(n_rows, Float32)
+        row_scale = cute.make_rmem_tensor(n_rows, Float32)
+        row_max.fill(-Float32.inf)
+        row_sum.fill(0.0)
+        mma_pv = self.mma(256, True)
+        thr_pv = mma_pv.get_slice(wg_tidx)
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, 256)), Float32)
+        acc_o.fill(0.0)
+        scale_log2 = Float32(0.0625)
+        cute.arch.barrier_arrive(barrier_id=BAR_S_EMPTY, number_of_threads=256)  # the exchange starts free
+        self.stamp(out, 0, wg_tidx)
+        for _ in cutlass.range(iters, unroll=1):
+            acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((64, 64)), Float32)
+            warpgroup.fence()
+            for k in cutlass.range_constexpr(half):
+                mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+                cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k], acc_s)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            cute.arch.barrier(barrier_id=BAR_S_FULL, number_of_threads=256)
+            for j in cutlass.range_constexpr(cute.size(acc_s)):
+                acc_s[j] = acc_s[j] + s_x[wg_tidx, j]
+            cute.arch.barrier_arrive(barrier_id=BAR_S_EMPTY, number_of_threads=256)
+            softmax.online_softmax_step(layouts.acc_mn_view(acc_s), row_max, row_sum, row_scale, scale_log2)
+            rP = cute.make_rmem_tensor_like(acc_s, BF16)
+            rP.store(acc_s.load().to(BF16))
+            cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+            cute.autovec_copy(rP, tPsP)
+            if wg_tidx % 4 == 0:
+                for i in cutlass.range_constexpr(n_rows):
+                    s_scale[tScS[i, 0][0]] = row_scale[i]
+            softmax.rescale_rows_if_needed(layouts.acc_mn_view(acc_o), row_scale)
+            tOrP = layouts.acc_as_a_operand(rP)
+            warpgroup.fence()
+            for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+                cute.gemm(mma_pv, acc_o, tOrP[None, None, k], tOrV[None, None, k], acc_o)
+            warpgroup.commit_group()
+            cute.arch.fence_view_async_shared()
+            cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
+            warpgroup.wait_group(0)
+        self.stamp(out, 1, wg_tidx)
+        cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)  # the last P.V's arrival
+        cute.arch.barrier(barrier_id=BAR_S_FULL, number_of_threads=256)  # WG1's extra partial (never used)
+        out[gidx] = row_sum[0] + acc_o[0]
+
+    @cute.jit
+    def pv_ks(self, wg_tidx, sQ, sK, sP, sV, s_x, iters, out, gidx, bulk_bar):
+        """``2wg-ksplit`` WG1: the last 18 k-steps of QK into shared memory for WG0, and its half of P.V with P
+        from shared memory; the next tile's partial QK goes out right behind that P.V (``-bulk``: and a K
+        tile's bulk copies, one round in flight, as ``pv``)."""
+        bulk = const_expr("bulk" in self.schedule)
+        phase = Int32(0)
+        src0 = out.iterator.toint() + cutlass.Int64((132 * self.threads + 132 * 4) * 4)
+        mma_qk = self.mma(64, False)
+        thr_qk = mma_qk.get_slice(wg_tidx)
+        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
+        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
+        half = cute.size(tSrQ, mode=[2]) // 2
+        mma_pv = self.mma(256, False)
+        thr_pv = mma_pv.get_slice(wg_tidx)
+        tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, 256)), Float32)
+        acc_o.fill(0.0)
+        cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)  # P starts free
+        for it in cutlass.range(iters + 1, unroll=1):
+            # The partial scores of tile ``it`` (one past the last: WG0 waits for it at its end, unused).
+            acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((64, 64)), Float32)
+            warpgroup.fence()
+            for k in cutlass.range_constexpr(half):
+                mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
+                cute.gemm(mma_qk, acc_s, tSrQ[None, None, half + k], tSrK[None, None, half + k], acc_s)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            cute.arch.barrier(barrier_id=BAR_S_EMPTY, number_of_threads=256)
+            for j in cutlass.range_constexpr(cute.size(acc_s)):
+                s_x[wg_tidx, j] = acc_s[j]
+            cute.arch.barrier_arrive(barrier_id=BAR_S_FULL, number_of_threads=256)
+            if it < iters:
+                cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
+                warpgroup.fence()
+                for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
+                    mma_pv.set(warpgroup.Field.ACCUMULATE, True)
+                    cute.gemm(mma_pv, acc_o, tOrP[None, None, k], tOrV[None, None, k], acc_o)
+                warpgroup.commit_group()
+                # Waited here: a P.V still in flight across the loop's back edge made ptxas serialize every wgmma.
+                warpgroup.wait_group(0)
+                cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+                if const_expr(bulk):
+                    if wg_tidx == 0:
+                        if it > 0:
+                            cute.arch.mbarrier_wait(bulk_bar, phase ^ 1)
+                        cute.arch.mbarrier_arrive_and_expect_tx(bulk_bar, BULK_BYTES)
+                        dst = sK.iterator.toint()
+                        for c in cutlass.range_constexpr(BULK_BYTES // 8192):
+                            llvm.inline_asm(None, [(dst + c * 8192).ir_value(), (src0 + c * 8192).ir_value(),
+                                                   bulk_bar.toint().ir_value()],
+                                            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                                            "[$0], [$1], 8192, [$2];", "r,l,r", has_side_effects=True)
+                    phase = phase ^ 1
+        if const_expr(bulk):
+            if wg_tidx == 0:
+                cute.arch.mbarrier_wait(bulk_bar, phase ^ 1)
         out[gidx] = acc_o[0]
 
 
