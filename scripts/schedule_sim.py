@@ -147,7 +147,7 @@ class ScheduleSim:
         s_x = storage.x.get_tensor(cute.make_layout((128, 32), stride=(1, 128)))
         if const_expr("ksplit" in self.schedule):
             if wg == 0:
-                self.score_ks(wg_tidx, sQ, sK, sP, sV, s_scale, s_x, iters, out, gidx)
+                self.score(wg_tidx, sQ, sK, sP, sV, s_scale, iters, out, gidx, 256, False, True, s_x)
             else:
                 self.pv_ks(wg_tidx, sQ, sK, sP, sV, s_x, iters, out, gidx, bulk_bar)
         elif const_expr(self.wgs == 2):
@@ -175,8 +175,10 @@ class ScheduleSim:
 
     @cute.jit
     def score(self, wg_tidx, sQ, sK, sP, sV, s_scale, iters, out, gidx, bar_threads: cutlass.Constexpr[int],
-              q_in_registers: cutlass.Constexpr[bool], with_pv: cutlass.Constexpr[bool]):
-        """WG0: QK, softmax, P to shared memory (and with ``with_pv`` its own half of P.V from registers)."""
+              q_in_registers: cutlass.Constexpr[bool], with_pv: cutlass.Constexpr[bool], s_x=None):
+        """WG0: QK, softmax, P to shared memory (and with ``with_pv`` its own half of P.V from registers).
+        ``2wg-ksplit``: only the first 18 k-steps of QK (Q and K columns 0-287), then WG1's partial scores (the
+        other 18) added from ``s_x``."""
         mma_qk = self.mma(64, q_in_registers)
         thr_qk = mma_qk.get_slice(wg_tidx)
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
@@ -211,11 +213,15 @@ class ScheduleSim:
             acc_o.fill(0.0)
         scale_log2 = Float32(0.0625)
         defer = const_expr("defer" in self.schedule)
+        ksplit = const_expr("ksplit" in self.schedule)
+        qk_steps = cute.size(tSrQ, mode=[2]) // 2 if ksplit else cute.size(tSrQ, mode=[2]) - (4 if rope else 0)
+        if const_expr(ksplit):
+            cute.arch.barrier_arrive(barrier_id=BAR_S_EMPTY, number_of_threads=bar_threads)  # the exchange starts free
         self.stamp(out, 0, wg_tidx)
         for t in cutlass.range(iters, unroll=1):
             acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((64, 64)), Float32)
             warpgroup.fence()
-            for k in cutlass.range_constexpr(cute.size(tSrQ, mode=[2]) - (4 if rope else 0)):
+            for k in cutlass.range_constexpr(qk_steps):
                 mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
                 cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k], acc_s)
             if const_expr(rope):
@@ -227,6 +233,11 @@ class ScheduleSim:
             if const_expr(defer):
                 if t > 0:  # WG1 may now run its P.V of the tile before, beside this softmax
                     cute.arch.barrier_arrive(barrier_id=BAR_QK_DONE, number_of_threads=bar_threads)
+            if const_expr(ksplit):
+                cute.arch.barrier(barrier_id=BAR_S_FULL, number_of_threads=bar_threads)
+                for j in cutlass.range_constexpr(cute.size(acc_s)):
+                    acc_s[j] = acc_s[j] + s_x[wg_tidx, j]
+                cute.arch.barrier_arrive(barrier_id=BAR_S_EMPTY, number_of_threads=bar_threads)
             softmax.online_softmax_step(layouts.acc_mn_view(acc_s), row_max, row_sum, row_scale, scale_log2)
             rP = cute.make_rmem_tensor_like(acc_s, BF16)
             rP.store(acc_s.load().to(BF16))
@@ -249,10 +260,23 @@ class ScheduleSim:
                 warpgroup.wait_group(0)
         self.stamp(out, 1, wg_tidx)
         cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=bar_threads)  # the last P.V's arrival
+        if const_expr(ksplit):
+            cute.arch.barrier(barrier_id=BAR_S_FULL, number_of_threads=bar_threads)  # WG1's extra partial (unused)
         res = row_sum[0]
         if const_expr(with_pv):
             res += acc_o[0]
         out[gidx] = res
+
+    @cute.jit
+    def bulk_tile(self, sK, src, bar):
+        """One K tile's async bulk copies (9 x 8 KB from ``src``) into the K-like tile, on barrier ``bar`` (armed
+        here for their bytes)."""
+        cute.arch.mbarrier_arrive_and_expect_tx(bar, BULK_BYTES)
+        dst = sK.iterator.toint()
+        for c in cutlass.range_constexpr(BULK_BYTES // 8192):
+            llvm.inline_asm(None, [(dst + c * 8192).ir_value(), (src + c * 8192).ir_value(), bar.toint().ir_value()],
+                            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                            "[$0], [$1], 8192, [$2];", "r,l,r", has_side_effects=True)
 
     @cute.jit
     def pv(self, wg_tidx, sP, sV, iters, out, gidx, bar_threads: cutlass.Constexpr[int], sK=None, bulk_bar=None):
@@ -295,16 +319,10 @@ class ScheduleSim:
                     else:
                         if it > 0:
                             cute.arch.mbarrier_wait(bar, phase ^ 1)  # the previous round has landed
-                    cute.arch.mbarrier_arrive_and_expect_tx(bar, BULK_BYTES)
-                    dst = sK.iterator.toint()
                     src = src0
                     if const_expr(hbm):
                         src = src0 + cutlass.Int64(bidx * STREAM_TILES + it % STREAM_TILES) * BULK_BYTES
-                    for c in cutlass.range_constexpr(BULK_BYTES // 8192):
-                        llvm.inline_asm(None, [(dst + c * 8192).ir_value(), (src + c * 8192).ir_value(),
-                                               bar.toint().ir_value()],
-                                        "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
-                                        "[$0], [$1], 8192, [$2];", "r,l,r", has_side_effects=True)
+                    self.bulk_tile(sK, src, bar)
                 phase = phase ^ 1
             warpgroup.wait_group(0)
             cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=bar_threads)
@@ -319,66 +337,6 @@ class ScheduleSim:
                     cute.arch.mbarrier_wait(bulk_bar, phase ^ 1)
         out[gidx] = acc_o[0]
 
-
-    @cute.jit
-    def score_ks(self, wg_tidx, sQ, sK, sP, sV, s_scale, s_x, iters, out, gidx):
-        """``2wg-ksplit`` WG0: the first 18 k-steps of QK (Q and K columns 0-287), then WG1's partial scores
-        (the other 18) added from shared memory, softmax, P for WG1, its half of P.V from registers."""
-        mma_qk = self.mma(64, False)
-        thr_qk = mma_qk.get_slice(wg_tidx)
-        tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
-        tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
-        half = cute.size(tSrQ, mode=[2]) // 2
-        tPsP = thr_qk.partition_C(sP)
-        tScS = layouts.acc_mn_view(thr_qk.partition_C(cute.make_identity_tensor((64, 64))))
-        n_rows = cute.size(tScS, mode=[0])
-        row_max = cute.make_rmem_tensor(n_rows, Float32)
-        row_sum = cute.make_rmem_tensor(n_rows, Float32)
-        row_scale = cute.make_rmem_tensor(n_rows, Float32)
-        row_max.fill(-Float32.inf)
-        row_sum.fill(0.0)
-        mma_pv = self.mma(256, True)
-        thr_pv = mma_pv.get_slice(wg_tidx)
-        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
-        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, 256)), Float32)
-        acc_o.fill(0.0)
-        scale_log2 = Float32(0.0625)
-        cute.arch.barrier_arrive(barrier_id=BAR_S_EMPTY, number_of_threads=256)  # the exchange starts free
-        self.stamp(out, 0, wg_tidx)
-        for _ in cutlass.range(iters, unroll=1):
-            acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((64, 64)), Float32)
-            warpgroup.fence()
-            for k in cutlass.range_constexpr(half):
-                mma_qk.set(warpgroup.Field.ACCUMULATE, k != 0)
-                cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k], acc_s)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            cute.arch.barrier(barrier_id=BAR_S_FULL, number_of_threads=256)
-            for j in cutlass.range_constexpr(cute.size(acc_s)):
-                acc_s[j] = acc_s[j] + s_x[wg_tidx, j]
-            cute.arch.barrier_arrive(barrier_id=BAR_S_EMPTY, number_of_threads=256)
-            softmax.online_softmax_step(layouts.acc_mn_view(acc_s), row_max, row_sum, row_scale, scale_log2)
-            rP = cute.make_rmem_tensor_like(acc_s, BF16)
-            rP.store(acc_s.load().to(BF16))
-            cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-            cute.autovec_copy(rP, tPsP)
-            if wg_tidx % 4 == 0:
-                for i in cutlass.range_constexpr(n_rows):
-                    s_scale[tScS[i, 0][0]] = row_scale[i]
-            softmax.rescale_rows_if_needed(layouts.acc_mn_view(acc_o), row_scale)
-            tOrP = layouts.acc_as_a_operand(rP)
-            warpgroup.fence()
-            for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
-                mma_pv.set(warpgroup.Field.ACCUMULATE, True)
-                cute.gemm(mma_pv, acc_o, tOrP[None, None, k], tOrV[None, None, k], acc_o)
-            warpgroup.commit_group()
-            cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(barrier_id=BAR_P_FULL, number_of_threads=256)
-            warpgroup.wait_group(0)
-        self.stamp(out, 1, wg_tidx)
-        cute.arch.barrier(barrier_id=BAR_P_EMPTY, number_of_threads=256)  # the last P.V's arrival
-        cute.arch.barrier(barrier_id=BAR_S_FULL, number_of_threads=256)  # WG1's extra partial (never used)
-        out[gidx] = row_sum[0] + acc_o[0]
 
     @cute.jit
     def pv_ks(self, wg_tidx, sQ, sK, sP, sV, s_x, iters, out, gidx, bulk_bar):
@@ -427,13 +385,7 @@ class ScheduleSim:
                     if wg_tidx == 0:
                         if it > 0:
                             cute.arch.mbarrier_wait(bulk_bar, phase ^ 1)
-                        cute.arch.mbarrier_arrive_and_expect_tx(bulk_bar, BULK_BYTES)
-                        dst = sK.iterator.toint()
-                        for c in cutlass.range_constexpr(BULK_BYTES // 8192):
-                            llvm.inline_asm(None, [(dst + c * 8192).ir_value(), (src0 + c * 8192).ir_value(),
-                                                   bulk_bar.toint().ir_value()],
-                                            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
-                                            "[$0], [$1], 8192, [$2];", "r,l,r", has_side_effects=True)
+                        self.bulk_tile(sK, src0, bulk_bar)
                     phase = phase ^ 1
         if const_expr(bulk):
             if wg_tidx == 0:
