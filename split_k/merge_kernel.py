@@ -84,8 +84,10 @@ on an H100 (docs/perf-notes.md, twenty-sixth section, 2a), 4 warps / 8, us: b8 s
 24.29 / 24.93, b8 s2 h64 1024 16.38 / 16.83, b1 s1 h64 1024 10.91 / 11.10 and 10.91 / 11.20, b4 s1 h128 4096
 -0.06 / -0.11, b32 s1 h64 1024 -0.03 / -0.09. A timing hack with 4 warps in every kernel also showed the wide
 kernel: slower at ``G`` 4 (b1 s1 h128 16384 19.87 / 19.58 and 19.74 / 19.39), faster at ``G`` 1 (b1 s1 h16 1024
-9.34 / 9.50 and 9.18 / 9.50), mixed at ``G`` 1 on b8 s1 h16 4096; so a rule on ``G`` (4 warps up to ``G`` 2) may
-beat this one on the kernel: not measured. 16-warp CTAs were slower on every row. fp32 partials keep 8 warps:
+9.34 / 9.50 and 9.18 / 9.50), mixed at ``G`` 1 on b8 s1 h16 4096. A rule on ``G`` (the wide kernel in 4-warp CTAs
+up to ``G`` 2) was then paired against this one (twenty-seventh section, 2): 0.5-0.8 us slower at 32 rows (b8 s1
+h32 1024, b8 s2 h16 1024), 0.06-0.1 us faster only at b1 s1 h16 1024: not taken. 16-warp CTAs were slower on
+every row. fp32 partials keep 8 warps:
 their one kernel also serves requests of many chunks, where ``G`` would be capped at 4."""
 LANE_COLS = 4  # columns per lane per load: 16 bytes of fp32
 CHUNK = 32 * LANE_COLS  # columns a warp covers with one load per lane
@@ -101,8 +103,9 @@ kernel (``wide_above``); fewer rows keep it above ``LOADS_NARROW``. At 9-16 chun
 kernel (``G = 2`` warps per row-chunk, 62 registers, then 4 CTAs of 8 warps per SM) was 0.3-1.9% faster (graph replays
 interleaved in one process, two passes, an H200 and an H100: b8 s1 h64 1024, b8 s2 h32 1024, b8 s1 h64 4096,
 b1 s1 h64 1024; docs/perf-notes.md, twenty-first session); with 16-32 rows it was 1-8% slower (b8 s1 h16
-4096 x1.08, b8 s1 h16 1024 x1.06 on the H100), and at 128 chunks (b1 s1 h16 16384) 6% slower. Measured before
-the narrow kernel took 4-warp CTAs (``NARROW_WARPS``), which made it faster: not measured again since."""
+4096 x1.08, b8 s1 h16 1024 x1.06 on the H100), and at 128 chunks (b1 s1 h16 16384) 6% slower. Measured again
+once the narrow kernel took 4-warp CTAs (``NARROW_WARPS``; twenty-seventh section, 2): still 0.2-0.5 us slower at
+16-32 rows and n_est 16 (b8 s1 h32 1024 13.60 / 13.54 against 13.12 / 13.10 us, H100)."""
 WIDE_ABOVE_ROWS = 64
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
