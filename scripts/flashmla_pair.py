@@ -1,0 +1,118 @@
+"""Our decode beside an installed FlashMLA, paired on one card (diagnostic)
+
+    python scripts/flashmla_pair.py [--config 64,128,1,128,4096 ...] [--grid] [--replays 100] [--mc-off] [--json F]
+
+The perf table's FlashMLA column comes from another run on another machine of the same kind, and the
+compute-bound rows move by up to 10% with the card's recent load (docs/perf-notes.md, nineteenth
+session). This times FlashMLA and the library in the same process, on the same inputs, in interleaved
+rounds (``perf_table.bench.time_graphs_interleaved``), so a ratio carries no machine or clock difference.
+
+FlashMLA is whatever ``import flash_mla`` finds (its public API: ``get_mla_metadata`` then
+``flash_mla_with_kvcache``, called as the anchors were: metadata made once and reused, page size 64, one
+kv head; both the older API that returns metadata tensors and the newer one that fills them on the first
+call work). Nothing of FlashMLA ships with this project; without it the script says so and exits 2.
+
+Per config (``perf_table.grid.Config``; ``--grid``: the page-64 full grid): the perf runner's inputs
+(``bench.make_inputs``, its seed), one call of each to compare the outputs (max abs difference printed;
+above 1e-2 the config is reported and not timed), then one CUDA graph each (``bench.make_decode_fn`` for the
+library's 2wg with its default cluster choice; with ``--mc-off`` also 2wg with ``MLA_MULTICAST=0`` where the
+shape has a cluster) replayed interleaved. Prints the medians and FlashMLA's time over ours (above 1: ours
+is faster), then the geomean and the count below 0.92 (issue 8's floor, here against a paired FlashMLA).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import pathlib
+import statistics
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipelines import paged_kv  # noqa: E402,F401  (first: it pins the DSL's target arch)
+
+MAX_DIFF = 1e-2
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen[,varlen]")
+    ap.add_argument("--grid", action="store_true", help="every page-64 config of the perf grid")
+    ap.add_argument("--replays", type=int, default=100)
+    ap.add_argument("--mc-off", action="store_true", help="also time 2wg with MLA_MULTICAST=0 where there is a cluster")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    try:
+        import flash_mla
+    except ImportError as exc:
+        print(f"flash_mla is not importable ({exc}): install FlashMLA to pair against it", file=sys.stderr)
+        return 2
+
+    import torch
+
+    import mla
+    import pipelines
+    from perf_table import bench, grid, runner
+
+    if args.grid:
+        cfgs = grid.full_grid((64,))
+    else:
+        cfgs = [grid.Config(*(int(x) for x in s.split(",")[:5]), varlen=bool(int((s.split(",") + ["0"])[5])))
+                for s in args.config]
+    print(torch.cuda.get_device_name(0), f"{args.replays} replays per graph, interleaved; FlashMLA from "
+          f"{pathlib.Path(flash_mla.__file__).parent}", flush=True)
+    rows = []
+    t0 = time.perf_counter()
+    for cfg in cfgs:
+        inp = bench.make_inputs(cfg, seed=runner.SEED)
+        meta = flash_mla.get_mla_metadata(inp.cache_seqlens, cfg.s_q * cfg.h_q, 1)
+
+        def flash_fn(inp=inp, meta=meta, causal=cfg.causal):
+            return flash_mla.flash_mla_with_kvcache(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, 512,
+                                                    *meta, causal=causal)
+
+        ref = flash_fn()[0]
+        outs = {"ours": torch.empty_like(ref)}
+        fns = {"flash": flash_fn, "ours": bench.make_decode_fn(mla, "2wg", cfg, inp, out=outs["ours"])}
+        if args.mc_off and pipelines.multicast_cluster(cfg.page_size, cfg.h_q * cfg.s_q) > 1:
+            outs["ours-mc-off"] = torch.empty_like(ref)
+            with runner.multicast_env(False):
+                fns["ours-mc-off"] = bench.make_decode_fn(mla, "2wg", cfg, inp, out=outs["ours-mc-off"])
+        graphs = {}
+        for name, fn in fns.items():  # capture_graph calls fn eagerly first: each out holds its result
+            with runner.multicast_env(False if name == "ours-mc-off" else None):
+                graphs[name] = bench.capture_graph(fn, runner.WARMUP_REPLAYS)
+        row = dict(config=[cfg.page_size, cfg.b, cfg.s_q, cfg.h_q, cfg.seqlen, int(cfg.varlen)])
+        for name, out in outs.items():
+            row[f"maxdiff_{name}"] = (out.float() - ref.float()).abs().max().item()
+        bad = [k for k, v in row.items() if k.startswith("maxdiff") and not v <= MAX_DIFF]
+        if bad:
+            print(f"{cfg.label():<30} outputs differ from FlashMLA's: {row}; not timed", flush=True)
+            rows.append(row)
+        else:
+            samples = bench.time_graphs_interleaved(graphs, args.replays)
+            med = {k: statistics.median(v) for k, v in samples.items()}
+            row.update({f"{k}_us": v for k, v in med.items()})
+            rows.append(row)
+            extra = "".join(f"  {k} {med[k]:8.1f} x{med['flash'] / med[k]:.3f}" for k in med if k not in ("flash", "ours"))
+            print(f"{cfg.label():<30} flash {med['flash']:8.1f}  ours {med['ours']:8.1f}  x{med['flash'] / med['ours']:.3f}"
+                  f"{extra}  maxdiff {row['maxdiff_ours']:.1e}", flush=True)
+        del graphs, fns, outs, inp, ref
+        torch.cuda.empty_cache()
+    timed = [r for r in rows if "ours_us" in r]
+    if timed:
+        ratios = [r["flash_us"] / r["ours_us"] for r in timed]
+        print(f"{len(timed)} of {len(rows)} configs timed in {time.perf_counter() - t0:.0f} s: geomean flash/ours "
+              f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}, below 0.92: {sum(x < 0.92 for x in ratios)}, "
+              f"min {min(ratios):.3f}", flush=True)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(0), replays=args.replays,
+                                                           rows=rows), indent=1))
+    return 0 if len(timed) == len(rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
