@@ -1,6 +1,6 @@
 """Build FlashMLA's dense Hopper decode from its public source, for paired timing (GPU machine)
 
-    python scripts/flashmla_build.py --src .flashmla/src.tar.xz [--build-dir .flashmla_build]
+    python scripts/flashmla_build.py --src .flashmla/src.tar.xz [--build-dir .flashmla_build] [--version 9241ae3]
     PYTHONPATH=.flashmla_build python scripts/flashmla_pair.py --grid
 
 (Both paths are git-ignored: the source travels to the GPU machine as a ``carry`` path, the build stays there.)
@@ -37,6 +37,7 @@ BINDING = """#include <pybind11/pybind11.h>
 PYBIND11_MODULE(flashmla_dense, m) { m.def("dense_decode_fwd", &dense_attn_decode_interface); }
 """
 PACKAGE = '''"""FlashMLA's dense decode entry (built by scripts/flashmla_build.py) behind its public API's names."""
+__version__ = {version!r}
 import importlib.util as _u
 import pathlib as _p
 
@@ -76,14 +77,14 @@ def _nvcc_flags() -> list[str]:
             "--threads", "4", "-Xcompiler", "-fPIC"]
 
 
-def build(src: pathlib.Path, build_dir: pathlib.Path) -> pathlib.Path:
+def build(src: pathlib.Path, build_dir: pathlib.Path, version: str = "unknown") -> pathlib.Path:
     import torch
     import torch.utils.cpp_extension as ext
 
     so = build_dir / "flashmla_dense.so"
     pkg = build_dir / "flash_mla"
     pkg.mkdir(parents=True, exist_ok=True)
-    (pkg / "__init__.py").write_text(PACKAGE)
+    (pkg / "__init__.py").write_text(PACKAGE.replace("{version!r}", repr(version)))
     if so.exists():
         return so
     t0 = time.perf_counter()
@@ -134,11 +135,12 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--src", required=True, type=pathlib.Path, help="FlashMLA checkout (directory or .tar.xz)")
     ap.add_argument("--build-dir", type=pathlib.Path, default=ROOT / ".flashmla_build")
+    ap.add_argument("--version", default="unknown", help="FlashMLA's commit, recorded as flash_mla.__version__")
     args = ap.parse_args(argv)
     if not args.src.exists():
         print(f"--src {args.src} does not exist", file=sys.stderr)
         return 2
-    build(args.src.resolve(), args.build_dir.resolve())
+    build(args.src.resolve(), args.build_dir.resolve(), args.version)
     sys.path.insert(0, str(args.build_dir.resolve()))
     import flash_mla
     print("flash_mla ready:", flash_mla.__file__, flush=True)

@@ -43,7 +43,9 @@ def main(argv=None) -> int:
     ap.add_argument("--grid", action="store_true", help="every page-64 config of the perf grid")
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--mc-off", action="store_true", help="also time 2wg with MLA_MULTICAST=0 where there is a cluster")
-    ap.add_argument("--json", default=None)
+    ap.add_argument("--json", default=None, help="write the rows here (perf_table/paired/ holds such files; "
+                    "python -m perf_table regenerate shows them)")
+    ap.add_argument("--commit", default=None, help="the commit measured, for --json (default: git's, if any)")
     args = ap.parse_args(argv)
     try:
         import flash_mla
@@ -109,8 +111,10 @@ def main(argv=None) -> int:
               f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}, below 0.92: {sum(x < 0.92 for x in ratios)}, "
               f"min {min(ratios):.3f}", flush=True)
     if args.json:
-        pathlib.Path(args.json).write_text(json.dumps(dict(device=torch.cuda.get_device_name(0), replays=args.replays,
-                                                           rows=rows), indent=1))
+        commit = runner.git_info(override=args.commit)["short"]
+        meta = dict(device=torch.cuda.get_device_name(0), date=time.strftime("%Y-%m-%d", time.gmtime()), commit=commit,
+                    flashmla=getattr(flash_mla, "__version__", "unknown"), replays=args.replays)
+        pathlib.Path(args.json).write_text(json.dumps(dict(meta, rows=rows), indent=1))
     return 0 if len(timed) == len(rows) else 1
 
 

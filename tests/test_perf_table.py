@@ -768,3 +768,26 @@ def test_capture_entries_gives_each_entry_its_own_outputs_and_the_decoders_plan(
         assert out is outs[name] and out.shape == (3, 2, 16, 512) and out.dtype == torch.bfloat16
         assert lse.shape == (3, 16, 2) and lse is not dec._lse
     assert outs["a"] is not outs["b"] and calls["a"][7] is not calls["b"][7]
+
+
+def test_regenerate_shows_flashmla_paired_runs(fixture_results, tmp_path):
+    """A ``paired/`` directory beside the results (scripts/flashmla_pair.py --json files) adds, to its device's
+    section, a line per file (geomean, count below 0.92, lowest ratio over the timed rows) and its lowest
+    configs; a row whose outputs differed (not timed) counts in the total but in no ratio."""
+    paired = tmp_path / "paired"
+    paired.mkdir()
+    rows = [dict(config=[64, 128, 1, 128, 4096, 0], maxdiff_ours=3e-5, flash_us=250.0, ours_us=240.0),
+            dict(config=[64, 32, 2, 128, 1024, 0], maxdiff_ours=6e-5, flash_us=40.0, ours_us=45.0),
+            dict(config=[64, 128, 2, 128, 4096, 1], maxdiff_ours=0.5)]
+    data = dict(device="NVIDIA H200", date="2026-11-26", commit="abc1234", flashmla="9241ae3", replays=100, rows=rows)
+    (paired / "nvidia-h200_2026-11-26_abc1234_flashmla.json").write_text(json.dumps(data))
+    out = tmp_path / "out"
+    out.mkdir()
+    regenerate.regenerate(fixture_results, out_dir=out, log=lambda _: None, plots=False)
+    readme = (out / "README.md").read_text()
+    h200 = readme.split("## NVIDIA H200")[1]
+    geo = (250 / 240 * 40 / 45) ** 0.5
+    assert (f"| nvidia-h200_2026-11-26_abc1234_flashmla.json | 2026-11-26 | abc1234 | 9241ae3 | 2 of 3 | {geo:.3f} | 1 "
+            f"| 0.889 |\n") in h200
+    assert "| nvidia-h200_2026-11-26_abc1234_flashmla.json | 32 | 2 | 128 | 1024 | 40.0 | 45.0 | 0.889 |\n" in h200
+    assert "FlashMLA paired" not in readme.split("## NVIDIA H200")[0].split("## NVIDIA H100")[1]  # H100: no file
