@@ -1,6 +1,7 @@
 """Our decode beside an installed FlashMLA, paired on one card (diagnostic)
 
-    python scripts/flashmla_pair.py [--config 64,128,1,128,4096 ...] [--grid] [--replays 100] [--mc-off] [--json F]
+    python scripts/flashmla_pair.py [--config 64,128,1,128,4096 ...] [--grid] [--replays 100] [--variant 2wg]
+                                    [--also seesaw ...] [--mc-off] [--json F] [--commit SHA]
 
 The perf table's FlashMLA column comes from another run on another machine of the same kind, and the
 compute-bound rows move by up to 10% with the card's recent load (docs/perf-notes.md, nineteenth
@@ -14,10 +15,11 @@ call work). Nothing of FlashMLA ships with this project; without it the script s
 
 Per config (``perf_table.grid.Config``; ``--grid``: the page-64 full grid): the perf runner's inputs
 (``bench.make_inputs``, its seed), one call of each to compare the outputs (max abs difference printed;
-above 1e-2 the config is reported and not timed), then one CUDA graph each (``bench.make_decode_fn`` for the
-library's 2wg with its default cluster choice; with ``--mc-off`` also 2wg with ``MLA_MULTICAST=0`` where the
-shape has a cluster) replayed interleaved. Prints the medians and FlashMLA's time over ours (above 1: ours
-is faster), then the geomean and the count below 0.92 (issue 8's floor, here against a paired FlashMLA).
+above 1e-2 the config is reported and not timed), then one CUDA graph each, replayed interleaved:
+FlashMLA; the library's ``--variant`` (2wg by default) as ``bench.make_decode_fn`` runs it, with its default
+cluster choice; each ``--also`` variant; with ``--mc-off``, ``--variant`` with ``MLA_MULTICAST=0`` where the
+shape has a cluster. Prints the medians and FlashMLA's time over each (above 1: ours is faster), then the
+geomean over ``--variant``'s rows and the count below 0.92 (issue 8's floor, here against a paired FlashMLA).
 """
 from __future__ import annotations
 
@@ -42,7 +44,10 @@ def main(argv=None) -> int:
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen[,varlen]")
     ap.add_argument("--grid", action="store_true", help="every page-64 config of the perf grid")
     ap.add_argument("--replays", type=int, default=100)
-    ap.add_argument("--mc-off", action="store_true", help="also time 2wg with MLA_MULTICAST=0 where there is a cluster")
+    ap.add_argument("--variant", default="2wg", help="the library's pipeline timed as 'ours' (default 2wg)")
+    ap.add_argument("--also", action="append", default=[], metavar="VARIANT",
+                    help="another pipeline to time beside them (its own column, named by the variant)")
+    ap.add_argument("--mc-off", action="store_true", help="also time --variant with MLA_MULTICAST=0 where there is a cluster")
     ap.add_argument("--json", default=None, help="write the rows here (perf_table/paired/ holds such files; "
                     "python -m perf_table regenerate shows them)")
     ap.add_argument("--commit", default=None, help="the commit measured, for --json (default: git's, if any)")
@@ -78,11 +83,14 @@ def main(argv=None) -> int:
 
         ref = flash_fn()[0]
         outs = {"ours": torch.empty_like(ref)}
-        fns = {"flash": flash_fn, "ours": bench.make_decode_fn(mla, "2wg", cfg, inp, out=outs["ours"])}
+        fns = {"flash": flash_fn, "ours": bench.make_decode_fn(mla, args.variant, cfg, inp, out=outs["ours"])}
+        for extra in args.also:
+            outs[extra] = torch.empty_like(ref)
+            fns[extra] = bench.make_decode_fn(mla, extra, cfg, inp, out=outs[extra])
         if args.mc_off and pipelines.multicast_cluster(cfg.page_size, cfg.h_q * cfg.s_q) > 1:
             outs["ours-mc-off"] = torch.empty_like(ref)
             with runner.multicast_env(False):
-                fns["ours-mc-off"] = bench.make_decode_fn(mla, "2wg", cfg, inp, out=outs["ours-mc-off"])
+                fns["ours-mc-off"] = bench.make_decode_fn(mla, args.variant, cfg, inp, out=outs["ours-mc-off"])
         graphs = {}
         for name, fn in fns.items():  # capture_graph calls fn eagerly first: each out holds its result
             with runner.multicast_env(False if name == "ours-mc-off" else None):
