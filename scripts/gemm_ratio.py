@@ -9,7 +9,7 @@ after a few seconds of tensor work, 1.83-1.98 GHz rested). This captures one CUD
 graph per config of the library's decode (``bench.make_decode_fn``, 2wg, the library's default cluster
 choice), then measures all of them interleaved (``bench.time_graphs_interleaved``) twice: after two
 seconds idle ("rested") and right after ``--sustain`` seconds of GEMM replays ("sustained"), reading the
-SM clock after each (``order_probe.clock_kernel``). It prints each graph's median time, its TFLOP/s
+SM clock after each (``order_probe.sm_clock_reader``). It prints each graph's median time, its TFLOP/s
 (``perf_table.formulas.tflops``; the decode's counts 2 * b * s_q * h_q * seqlen * (576 + 512)), and the
 decode's TFLOP/s as a fraction of the GEMM's measured in the same rounds.
 """
@@ -25,7 +25,7 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "scripts"))
 
-from order_probe import clock_kernel  # noqa: E402  (imports pipelines first: it pins the DSL's target arch)
+from order_probe import sm_clock_reader  # noqa: E402  (imports pipelines first: it pins the DSL's target arch)
 
 DEFAULT = ("64,128,1,128,4096", "64,128,2,128,4096", "64,128,1,128,1024", "64,64,1,128,1024")
 
@@ -44,14 +44,7 @@ def main(argv=None) -> int:
     from perf_table import bench, grid, runner
     from perf_table.formulas import tflops
 
-    clock = clock_kernel()
-    clk = torch.zeros(2, dtype=torch.int64, device="cuda")
-
-    def sm_mhz() -> float:
-        clock(clk)
-        torch.cuda.synchronize()
-        cycles, ns = clk.tolist()
-        return cycles / ns * 1e3
+    sm_mhz = sm_clock_reader()
 
     n = args.gemm_n
     a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)

@@ -59,6 +59,23 @@ def clock_kernel():
     return cute.compile(Clock(), fake, stream, options=TVM_FFI_OPTION)
 
 
+def sm_clock_reader():
+    """A callable that returns the SM clock right now in MHz (``clock_kernel`` compiled once, its two counters
+    read back after a synchronisation)."""
+    import torch
+
+    clock = clock_kernel()
+    clk = torch.zeros(2, dtype=torch.int64, device="cuda")
+
+    def sm_mhz() -> float:
+        clock(clk)
+        torch.cuda.synchronize()
+        cycles, ns = clk.tolist()
+        return cycles / ns * 1e3
+
+    return sm_mhz
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen (in order)")
@@ -94,14 +111,7 @@ def main(argv=None) -> int:
                 f"mc {k}: median {statistics.median(v):.1f} min {min(v):.1f}" for k, v in samples.items())
                 + f"; SM clock right after: {mhz:.0f} MHz", flush=True)
 
-    clock = clock_kernel()
-    clk = torch.zeros(2, dtype=torch.int64, device="cuda")
-
-    def sm_mhz() -> float:
-        clock(clk)
-        torch.cuda.synchronize()
-        cycles, ns = clk.tolist()
-        return cycles / ns * 1e3
+    sm_mhz = sm_clock_reader()
 
     specs = args.config or list(DEFAULT)
     print(torch.cuda.get_device_name(0), f"{args.replays} replays per row", flush=True)
