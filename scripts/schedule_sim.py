@@ -70,11 +70,16 @@ BULK_BYTES = 9 * 8192  # one 64-token K tile of 576 bf16 columns
 STREAM_TILES = 64  # ``-hbm``: K-like tiles each CTA streams through (132 x 64 x 72 KB = 608 MB, far past L2)
 
 
+def bulk_offset_words(threads: int) -> int:
+    """fp32 words of the kernel's buffer before the bulk copies' source: per-thread results, the CTAs' stamps."""
+    return 132 * threads + 132 * 4
+
+
 def out_words(schedule: str, threads: int) -> int:
     """fp32 words of the kernel's buffer: per-thread results, the CTAs' stamps, then the bulk copies' source
     (one tile of zeros, or with ``-hbm`` every CTA's stream of tiles)."""
     tiles = 132 * STREAM_TILES if "hbm" in schedule else 1
-    return 132 * threads + 132 * 4 + tiles * BULK_BYTES // 4
+    return bulk_offset_words(threads) + tiles * BULK_BYTES // 4
 BAR_P_FULL = 1
 BAR_P_EMPTY = 2
 BAR_S_FULL = 3  # ksplit: WG1's partial scores in shared memory
@@ -278,6 +283,21 @@ class ScheduleSim:
                             "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
                             "[$0], [$1], 8192, [$2];", "r,l,r", has_side_effects=True)
 
+    def bulk_source(self, out):
+        """Where ``-bulk`` copies read from: ``out`` past the results and the stamps (``bulk_offset_words``)."""
+        return out.iterator.toint() + cutlass.Int64(bulk_offset_words(self.threads) * 4)
+
+    @cute.jit
+    def pv_half(self, wg_tidx, sP, sV):
+        """A P.V warpgroup's MMA (P from shared memory), its operand fragments and its zeroed 64x256 accumulator."""
+        mma_pv = self.mma(256, False)
+        thr_pv = mma_pv.get_slice(wg_tidx)
+        tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))
+        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
+        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, 256)), Float32)
+        acc_o.fill(0.0)
+        return mma_pv, tOrP, tOrV, acc_o
+
     @cute.jit
     def pv(self, wg_tidx, sP, sV, iters, out, gidx, bar_threads: cutlass.Constexpr[int], sK=None, bulk_bar=None):
         """A P.V warpgroup: its half of P.V with P from shared memory, per WG0's hand-off. ``2wg-bulk*``: its
@@ -291,13 +311,8 @@ class ScheduleSim:
         hbm = const_expr("hbm" in self.schedule)
         phase = Int32(0)
         bidx, _, _ = cute.arch.block_idx()
-        src0 = out.iterator.toint() + cutlass.Int64((132 * self.threads + 132 * 4) * 4)  # past results and stamps
-        mma_pv = self.mma(256, False)
-        thr_pv = mma_pv.get_slice(wg_tidx)
-        tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))
-        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
-        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, 256)), Float32)
-        acc_o.fill(0.0)
+        src0 = self.bulk_source(out)
+        mma_pv, tOrP, tOrV, acc_o = self.pv_half(wg_tidx, sP, sV)
         cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=bar_threads)  # P starts free
         for it in cutlass.range(iters, unroll=1):
             cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=bar_threads)
@@ -345,18 +360,13 @@ class ScheduleSim:
         tile's bulk copies, one round in flight, as ``pv``)."""
         bulk = const_expr("bulk" in self.schedule)
         phase = Int32(0)
-        src0 = out.iterator.toint() + cutlass.Int64((132 * self.threads + 132 * 4) * 4)
+        src0 = self.bulk_source(out)
         mma_qk = self.mma(64, False)
         thr_qk = mma_qk.get_slice(wg_tidx)
         tSrQ = thr_qk.make_fragment_A(thr_qk.partition_A(sQ))
         tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
         half = cute.size(tSrQ, mode=[2]) // 2
-        mma_pv = self.mma(256, False)
-        thr_pv = mma_pv.get_slice(wg_tidx)
-        tOrP = thr_pv.make_fragment_A(thr_pv.partition_A(sP))
-        tOrV = thr_pv.make_fragment_B(thr_pv.partition_B(sV))
-        acc_o = cute.make_rmem_tensor(thr_pv.partition_shape_C((64, 256)), Float32)
-        acc_o.fill(0.0)
+        mma_pv, tOrP, tOrV, acc_o = self.pv_half(wg_tidx, sP, sV)
         cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)  # P starts free
         for it in cutlass.range(iters + 1, unroll=1):
             # The partial scores of tile ``it`` (one past the last: WG0 waits for it at its end, unused).
