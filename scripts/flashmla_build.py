@@ -84,7 +84,7 @@ def build(src: pathlib.Path, build_dir: pathlib.Path, version: str = "unknown") 
     so = build_dir / "flashmla_dense.so"
     pkg = build_dir / "flash_mla"
     pkg.mkdir(parents=True, exist_ok=True)
-    (pkg / "__init__.py").write_text(PACKAGE.replace("{version!r}", repr(version)))
+    (pkg / "__init__.py").write_text(PACKAGE.format(version=version))
     if so.exists():
         return so
     t0 = time.perf_counter()

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import pathlib
 import statistics
 import sys
@@ -41,7 +40,7 @@ MAX_DIFF = 1e-2
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen[,varlen]")
+    ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen[,varlen 0|1]")
     ap.add_argument("--grid", action="store_true", help="every page-64 config of the perf grid")
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--variant", default="2wg", help="the library's pipeline timed as 'ours' (default 2wg)")
@@ -62,13 +61,12 @@ def main(argv=None) -> int:
 
     import mla
     import pipelines
-    from perf_table import bench, grid, runner
+    from perf_table import bench, grid, regenerate, runner
 
     if args.grid:
         cfgs = grid.full_grid((64,))
     else:
-        cfgs = [grid.Config(*(int(x) for x in s.split(",")[:5]), varlen=bool(int((s.split(",") + ["0"])[5])))
-                for s in args.config]
+        cfgs = [grid.Config(*(int(x) for x in s.split(","))) for s in args.config]
     print(torch.cuda.get_device_name(0), f"{args.replays} replays per graph, interleaved; FlashMLA from "
           f"{pathlib.Path(flash_mla.__file__).parent}", flush=True)
     rows = []
@@ -98,32 +96,29 @@ def main(argv=None) -> int:
         row = dict(config=[cfg.page_size, cfg.b, cfg.s_q, cfg.h_q, cfg.seqlen, int(cfg.varlen)])
         for name, out in outs.items():
             row[f"maxdiff_{name}"] = (out.float() - ref.float()).abs().max().item()
-        bad = [k for k, v in row.items() if k.startswith("maxdiff") and not v <= MAX_DIFF]
-        if bad:
+        rows.append(row)
+        if any(k.startswith("maxdiff") and not v <= MAX_DIFF for k, v in row.items()):
             print(f"{cfg.label():<30} outputs differ from FlashMLA's: {row}; not timed", flush=True)
-            rows.append(row)
         else:
             samples = bench.time_graphs_interleaved(graphs, args.replays)
             med = {k: statistics.median(v) for k, v in samples.items()}
             row.update({f"{k}_us": v for k, v in med.items()})
-            rows.append(row)
             extra = "".join(f"  {k} {med[k]:8.1f} x{med['flash'] / med[k]:.3f}" for k in med if k not in ("flash", "ours"))
             print(f"{cfg.label():<30} flash {med['flash']:8.1f}  ours {med['ours']:8.1f}  x{med['flash'] / med['ours']:.3f}"
                   f"{extra}  maxdiff {row['maxdiff_ours']:.1e}", flush=True)
         del graphs, fns, outs, inp, ref
         torch.cuda.empty_cache()
-    timed = [r for r in rows if "ours_us" in r]
-    if timed:
-        ratios = [r["flash_us"] / r["ours_us"] for r in timed]
-        print(f"{len(timed)} of {len(rows)} configs timed in {time.perf_counter() - t0:.0f} s: geomean flash/ours "
-              f"{math.exp(sum(map(math.log, ratios)) / len(ratios)):.3f}, below 0.92: {sum(x < 0.92 for x in ratios)}, "
-              f"min {min(ratios):.3f}", flush=True)
+    summary = regenerate.paired_summary(rows)
+    if summary["timed"]:
+        print(f"{summary['timed']} of {len(rows)} configs timed in {time.perf_counter() - t0:.0f} s: geomean flash/ours "
+              f"{summary['geomean']:.3f}, below {regenerate.PAIRED_FLOOR}: {summary['below']}, "
+              f"min {summary['lowest']:.3f}", flush=True)
     if args.json:
-        commit = runner.git_info(override=args.commit)["short"]
-        meta = dict(device=torch.cuda.get_device_name(0), date=time.strftime("%Y-%m-%d", time.gmtime()), commit=commit,
-                    flashmla=getattr(flash_mla, "__version__", "unknown"), replays=args.replays)
-        pathlib.Path(args.json).write_text(json.dumps(dict(meta, rows=rows), indent=1))
-    return 0 if len(timed) == len(rows) else 1
+        header = dict(device=torch.cuda.get_device_name(0), date=time.strftime("%Y-%m-%d", time.gmtime()),
+                      commit=runner.git_info(override=args.commit)["short"],
+                      flashmla=getattr(flash_mla, "__version__", "unknown"), replays=args.replays)
+        pathlib.Path(args.json).write_text(json.dumps(dict(header, rows=rows), indent=1))
+    return 0 if summary["timed"] == len(rows) else 1
 
 
 if __name__ == "__main__":
