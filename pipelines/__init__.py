@@ -15,9 +15,9 @@ VARIANTS = ("2wg", "3wg", "seesaw")
 # mbarrier.test_wait, so its warps could issue different wgmma in chunks of 2+ tiles ("illegal
 # instruction" on an H200); the choice is now OR-reduced over the warpgroup. After that fix it passed
 # scripts/diag_3wg.py (15 of 15 cases, H200, 2026-11-22) and is registered.
-# seesaw (pipelines/variant_seesaw.py): correct on every GPU test (H200, 2026-11-22) but slower than
-# 2wg on every shape measured; registered so it can be selected and measured, never chosen by auto
-# until a perf run shows it faster somewhere.
+# seesaw (pipelines/variant_seesaw.py): correct on every GPU test (H200, 2026-11-22; its rebuilt schedule
+# on an H100, 2026-11-26) but slower than 2wg on every shape measured; registered so it can be selected
+# and measured, never chosen by auto until a perf run shows it faster somewhere.
 _WITH_KERNEL = ("2wg", "3wg", "seesaw")
 
 

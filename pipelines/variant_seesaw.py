@@ -7,16 +7,25 @@ tensor cores idle for a third of each tile. Here both warpgroups score: each ite
 tiles, t0 for WG0 and t1 for WG1, so each warpgroup does QK + softmax for one tile and P.V (its own
 256 output columns) for both, and one warpgroup's softmax runs while the other's wgmma do.
 
-Per iteration (m: the running row max, identical in both warpgroups at the start):
-- WG0: S0 = Q.K(t0)^T; m0 = max(m, rowmax S0); P0 = exp(S0 - m0) written to smem and m0 published
-  (one hand-off); O_L *= exp(m - m0); O_L += P0.V_L(t0) with P0 from registers (RS wgmma).
-- WG1: S1 = Q.K(t1)^T (beside WG0's QK); on m0 and P0: O_R *= exp(m - m0), O_R += P0.V_R(t0) (SS, P0
-  from smem), and while that runs the softmax of t1 against m0: m1 = max(m0, rowmax S1) published,
-  P1 = exp(S1 - m1) written to smem; O_R *= exp(m0 - m1); O_R += P1.V_R(t1) (RS).
-- WG0: on m1: O_L and its row sum *= exp(m0 - m1); O_L += P1.V_L(t1) (SS, P1 from smem).
+Per iteration (m: the running row max, identical in both warpgroups at the start; S0 = QK(t0) and
+S1 = QK(t1) are already in the warpgroups' registers, computed at the end of the previous iteration):
+- WG0: m0 = max(m, rowmax S0); P0 = exp(S0 - m0) written to smem and m0 published (one hand-off, M0);
+  O_L *= exp(m - m0); O_L += P0.V_L(t0) with P0 from registers (RS wgmma).
+- WG1: on M0: O_R *= exp(m - m0), O_R += P0.V_R(t0) (SS, P0 from smem), and while that runs the softmax
+  of t1 against m0: m1 = max(m0, rowmax S1), P1 = exp(S1 - m1) written to smem, m1 published (one
+  hand-off, M1); once its P.V of t0 retired, O_R *= exp(m0 - m1); O_R += P1.V_R(t1) (RS).
+- WG0: on M1: O_L and its row sums *= exp(m0 - m1); O_L += P1.V_L(t1) (SS), and right behind it in the
+  tensor pipe S0' = QK(t0') of the next pair.
+- WG1: once its P.V of t1 retired, S1' = QK(t1'), behind WG0's.
 Both now hold O relative to m1, which becomes m. P0 crosses over unscaled (relative to m0) and WG1
-brings O_R to m0 before adding it, so nothing waits for m1 before WG1's P.V of t0: that P.V, and with
-it the release of t0's stage, does not sit behind the softmax of t1.
+brings O_R to m0 before adding it, so nothing waits for m1 before WG1's P.V of t0.
+Why the next pair's QK at the end of the iteration, staggered (FlashMLA's order): WG0's QK(t0') goes into
+the tensor pipe before WG1's QK(t1'), so that WG0's softmax of t0' can run while WG1's QK keeps the tensor
+cores busy (in the form before, both QKs went out together at the start of an iteration and finished
+together). Measured paired with FlashMLA on an H100 (docs/perf-notes.md, twenty-ninth session) this order
+alone changed nothing measurable: ``scripts/seesaw_timeline.py`` shows the iteration held by the next
+pair's K loads instead (a group is refilled only once the P.V that reads it retired, and lands about 2000
+cycles later), which is where this pipeline still trails 2wg.
 The row sums stay per warpgroup (both relative to the same max) and are added at the end of a chunk.
 A chunk with an odd tile count ends on an iteration without t1: WG1 then only moves its max to m0.
 
@@ -30,11 +39,11 @@ the column blocks of the group that lands first first. P0 goes into the RoPE blo
 skeleton's P tile. The smem plan is the skeleton's (Q 72 KB + 2 stages 144 KB + P 8 KB).
 
 Named barriers (``Bar``, 256 threads unless noted): M0 (WG0 -> WG1: m0 and P0 written), M1 (WG1 ->
-WG0: m1 published), P1 (WG1 -> WG0: P1 written), P1_FREE (WG0 -> WG1: the
-P.V reading P1 is done; WG0 pre-arrives it once), SUM (WG1 -> WG0: WG1's row sums written at a
-chunk's end), INV (WG0 -> WG1: 1/rowsum written), and the two 128-thread warpgroup barriers of
-``zero_v_rows``. Every barrier is passed by both warpgroups once per iteration (or chunk), also in an
-iteration without t1, so the arrive/sync counts always pair.
+WG0: P1 and m1 written), SUM (WG1 -> WG0: WG1's row sums written at a chunk's end), INV (WG0 -> WG1:
+1/rowsum written), and the two 128-thread warpgroup barriers of ``zero_v_rows``. Every barrier is
+passed by both warpgroups once per iteration (or chunk), also in an iteration without t1, so the
+arrive/sync counts always pair. P1's tile needs no barrier of its own: WG1 writes it after M0, which
+WG0 arrives on only after the P.V that read the previous P1 retired.
 
 Empty-barrier arrivals of a group a warpgroup never reads (G0 of t0 for WG1, G1 of t1 for WG0) are
 made after the iteration's first barrier from the other warpgroup (M0 for WG1, M1 for WG0), which the
@@ -48,10 +57,10 @@ import enum
 import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
-from cutlass import Float32, const_expr
+from cutlass import Float32, Int32, const_expr
 from cutlass.cute.nvgpu import warpgroup
 
-from pipelines import layouts, softmax
+from pipelines import layouts, paged_kv, softmax
 from pipelines.paged_kv import COL_BLOCK
 from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, MLADecodeBase
 
@@ -63,12 +72,10 @@ G1_COLS = (4, 5, 6, 7, 8)  # group 1: V_R and the RoPE block (where P0 goes)
 class Bar(enum.IntEnum):
     M0 = 1
     M1 = 2
-    P1 = 3
-    P1_FREE = 4
-    WG0 = 5
-    WG1 = 6
-    SUM = 7
-    INV = 8
+    WG0 = 3
+    WG1 = 4
+    SUM = 5
+    INV = 6
 
 
 class MLADecodeSeesaw(MLADecodeBase):
@@ -173,12 +180,12 @@ class MLADecodeSeesaw(MLADecodeBase):
         s_m = storage.row_max_x.get_tensor(cute.make_layout((BLOCK_M, 2), stride=(1, BLOCK_M)))
         s_sum = storage.row_sum_x.get_tensor(cute.make_layout(BLOCK_M))
         s_inv = storage.row_inv.get_tensor(cute.make_layout(BLOCK_M))
-        wg_bar = int(Bar.WG0) if const_expr(me == 0) else int(Bar.WG1)
         wg_warp = cute.arch.make_warp_uniform(wg_tidx // 32)
-        is_producer = wg_warp < self.loader.producer_warps
+        is_producer = wg_warp < self.load_warps()  # the warps that issue this warpgroup's K loads
+        # S of this warpgroup's next tile: written by the QK at the end of an iteration (or the chunk's
+        # prologue) and turned into P at the start of the next.
+        acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
 
-        if const_expr(me == 0):
-            cute.arch.barrier_arrive(barrier_id=int(Bar.P1_FREE), number_of_threads=256)  # sP starts free
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
@@ -189,37 +196,57 @@ class MLADecodeSeesaw(MLADecodeBase):
             # This warpgroup's group of the chunk's first two tiles.
             if is_producer:
                 for blk in cutlass.range(start, cutlass.min(start + 2 * C, stop), C, unroll=1):
-                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_own, prod, r, blk, seqlen, kv_head,
+                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_own, prod, r, blk, seqlen, kv_head,
                                           wg_tidx, cols=cols_own)
                     prod.advance()
             acc_o, acc_o_mn, row_max, row_sum, row_scale = self.new_chunk_state(thr_rs, n_rows_thr)
             other_max = cute.make_rmem_tensor(n_rows_thr, Float32)
             row_limit = self.row_limits(seqlen, m_block, tScS)
             pipe_q.consumer_wait(q_state)
+            # The chunk's first QK of each warpgroup (later ones go out at the end of an iteration).
+            if const_expr(me == 0):
+                if start < stop:  # (an empty chunk has no tile to score)
+                    self.qk(mma_qk, acc_s, tSrQ, tSrK, g0.index, G0_COLS, G1_COLS, pipe_g0, g0, pipe_g1, g1)
+                    warpgroup.wait_group(0)
+                    self.loader.consumer_release(pipe_g1, g1)  # G1 of t0: QK was WG0's only read of it
+            else:
+                if start + C < stop:
+                    t1_g0 = g0.clone()
+                    t1_g1 = g1.clone()
+                    t1_g0.advance()
+                    t1_g1.advance()
+                    self.qk(mma_qk, acc_s, tSrQ, tSrK, t1_g1.index, G1_COLS, G0_COLS, pipe_g1, t1_g1, pipe_g0,
+                            t1_g0)
+                    warpgroup.wait_group(0)
+                    self.loader.consumer_release(pipe_g0, t1_g0)  # G0 of t1: QK was WG1's only read of it
 
             for t0 in cutlass.range(start, stop, 2 * C, unroll=1):
                 t1 = t0 + C
                 has_t1 = t1 < stop
-                a0 = g0.clone()  # group states of t0 ...
+                a0 = g0.clone()  # group states of t0, t1 and the next pair's t0' / t1'
                 a1 = g1.clone()
+                b0 = a0.clone()
+                b1 = a1.clone()
+                b0.advance()
+                b1.advance()
+                n0 = b0.clone()
+                n1 = b1.clone()
+                n0.advance()
+                n1.advance()
+                if const_expr(me == 0):
+                    prod = self.wg0_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
+                                              seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
+                                              row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn, s_m,
+                                              mma_qk, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
+                                              sK, mBlockTable, scale_log2)
+                else:
+                    prod = self.wg1_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
+                                              seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
+                                              row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn, s_m,
+                                              mma_qk, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
+                                              sK, mBlockTable, scale_log2)
                 g0.advance()
                 g1.advance()
-                b0 = g0.clone()  # ... and of t1 (used only when has_t1)
-                b1 = g1.clone()
-                stage_a = a0.index
-                stage_b = b0.index
-                if const_expr(me == 0):
-                    prod = self.wg0_iteration(t0, t1, has_t1, stage_a, stage_b, a0, a1, b0, b1, pipe_g0, pipe_g1, prod,
-                                       seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS, row_max,
-                                       row_sum, row_scale, other_max, acc_o, acc_o_mn, s_m, mma_qk, mma_rs, mma_ss,
-                                       tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK, sK,
-                                       mBlockTable, scale_log2)
-                else:
-                    prod = self.wg1_iteration(t0, t1, has_t1, stage_a, stage_b, a0, a1, b0, b1, pipe_g0, pipe_g1, prod,
-                                       seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS, row_max,
-                                       row_sum, row_scale, other_max, acc_o, acc_o_mn, s_m, mma_qk, mma_rs, mma_ss,
-                                       tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK, sK,
-                                       mBlockTable, scale_log2)
                 if has_t1:
                     g0.advance()
                     g1.advance()
@@ -228,9 +255,6 @@ class MLADecodeSeesaw(MLADecodeBase):
 
             self.finish_chunk(me, wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, row_max, row_sum, tScS,
                               s_sum, s_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage)
-        if const_expr(me == 1):
-            # Pairs WG0's last P1_FREE arrive so no arrival is left pending at exit.
-            cute.arch.barrier(barrier_id=int(Bar.P1_FREE), number_of_threads=256)
 
     @cute.jit
     def finish_chunk(self, me: cutlass.Constexpr[int], wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o,
@@ -278,8 +302,11 @@ class MLADecodeSeesaw(MLADecodeBase):
             out[i] = s_m[tScS[i, 0][0], slot]
 
     @cute.jit
-    def pv(self, tiled_mma, acc_o, tOrP, tOrV, stage, first: cutlass.Constexpr[bool]):
-        """O += P.V of one tile (issue only; the caller commits and waits)."""
+    def pv(self, rs: cutlass.Constexpr[bool], acc_o, tOrP, tOrV, stage, first: cutlass.Constexpr[bool]):
+        """O += P.V of one tile (issue only; the caller commits and waits): P from registers (``rs``) or
+        from smem. A fresh MMA object: its ACCUMULATE state must not escape the caller's branch."""
+        _, mma_rs, mma_ss = self.tiled_mmas()
+        tiled_mma = mma_rs if const_expr(rs) else mma_ss
         if const_expr(first):
             warpgroup.fence()
         for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
@@ -287,75 +314,186 @@ class MLADecodeSeesaw(MLADecodeBase):
             cute.gemm(tiled_mma, acc_o, tOrP[None, None, k], tOrV[None, None, k, stage], acc_o)
 
     @cute.jit
-    def wg0_iteration(self, t0, t1, has_t1, stage_a, stage_b, a0, a1, b0, b1, pipe_g0, pipe_g1, prod, seqlen,
-                      stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
-                      acc_o, acc_o_mn, s_m, mma_qk, mma_rs, mma_ss, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other,
-                      tPsP_own, tma_k, mK, sK, mBlockTable, scale_log2):
+    def mark(self, event: cutlass.Constexpr[int], wg_tidx, full):
+        """A probe's hook (``scripts/seesaw_timeline.py`` stamps the clock here): ``event`` of a warpgroup's
+        iteration, ``full`` when the iteration has t1 and a next pair. Nothing in the library."""
+        pass
+
+    def spreads_copies(self) -> bool:
+        """Whether a group's column-block copies are spread over the warpgroup's four warps (``load_group``):
+        on the TMA path that issues one box per CTA and tile (pages 64 and 128, page 32 in a cluster)."""
+        return isinstance(self.loader, paged_kv.TmaPagedKV) and not self.loader.warp_per_box \
+            and self.loader.boxes_per_cta == 1
+
+    def load_warps(self) -> int:
+        """Warps of each warpgroup that run ``load_group`` (and read the refills' page ids)."""
+        return 4 if self.spreads_copies() else self.loader.producer_warps
+
+    @cute.jit
+    def load_group(self, tma_k, mK, sK, mBlockTable, pipe, prod, r, blk, seqlen, kv_head, wg_tidx, page=None,
+                   cols=None):
+        """The ``load_warps`` warps of a warpgroup load column group ``cols`` of tile ``blk`` into the stage
+        ``prod`` points at. With ``spreads_copies`` each warp waits for the stage's empty barrier and issues
+        every fourth of the group's 64-column copies, warp 0 also arriving on the full barrier with the
+        group's whole byte count (its only expected arrival; copies that land before it leave the
+        transaction count below zero, which the barrier allows, and cannot complete the phase while that
+        arrival is pending). Why: a warp issues its TMA copies one after another, about 120-150 cycles each
+        (``scripts/seesaw_timeline.py``: 600-750 cycles for a group's 4-5 multicast copies from one warp), and
+        the warpgroup's next wgmma waits for that warp. Elsewhere the loader's own ``load_tile``."""
+        if const_expr(not self.spreads_copies()):
+            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe, prod, r, blk, seqlen, kv_head, wg_tidx,
+                                  page=page, cols=cols)
+        else:
+            warp = cute.arch.make_warp_uniform(wg_tidx // 32)
+            if const_expr(page is None):
+                page = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
+            if warp == 0:
+                pipe.producer_acquire(prod)
+            else:
+                pipe.sync_object_empty.wait(prod.index, prod.phase)
+            bar = pipe.producer_get_barrier(prod)
+            tKsK, tKgK = self.loader.tma_views(tma_k, mK, sK)
+            rank = Int32(0)
+            if const_expr(self.loader.cluster > 1):
+                rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+            box = self.loader.box_rows
+            in_page = ((blk * BLOCK_N + rank * box) % self.page_size) // box
+            for w in cutlass.range_constexpr(4):
+                if const_expr(len(cols[w::4]) > 0):
+                    if warp == w:
+                        self.loader._copy_box(tma_k, tKgK, tKsK, in_page, kv_head, page, rank, prod.index, bar,
+                                              cols[w::4])
+
+    @cute.jit
+    def refill_pages(self, is_producer, mBlockTable, r, t0, seqlen, wg_tidx):
+        """This producer warp's page ids of the next pair's tiles t0 + 2C and t1 + 2C, read at the start of
+        an iteration (``None, None`` where the loader reads its own). Why: the refills go out mid-iteration,
+        right when a group frees, and a block_table read there put a global load's latency (about 1000
+        cycles, measured with ``scripts/seesaw_timeline.py``) between the release and the TMA, on the
+        warpgroup's path and the next QK's. A tile index past the chunk reads a valid page
+        (``page_id`` clamps) that is never used."""
         C = self.split_cluster
-        acc_s = cute.make_rmem_tensor(mma_qk.get_slice(wg_tidx).partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
-        # QK(t0): group 0 was loaded first (mid last iteration), group 1 later.
-        self.qk(mma_qk, acc_s, tSrQ, tSrK, stage_a, G0_COLS, G1_COLS, pipe_g0, a0, pipe_g1, a1)
-        self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: WG0 is done reading it (it writes P0 there)
+        if const_expr(not self.loader.prefetches_page()):
+            return None, None
+        page_a = Int32(0)
+        page_b = Int32(0)
+        if is_producer:
+            page_a = self.loader.page_id(mBlockTable, r, t0 + 2 * C, seqlen, wg_tidx)
+            page_b = self.loader.page_id(mBlockTable, r, t0 + 3 * C, seqlen, wg_tidx)
+        return page_a, page_b
+
+    @cute.jit
+    def issue_qk_two_groups(self, acc_s, tSrQ, tSrK, stage, first_cols: cutlass.Constexpr,
+                            second_cols: cutlass.Constexpr, pipe_first, state_first, pipe_second, state_second):
+        """S = Q.K^T of the tile in ``stage``, behind whatever wgmma group the caller has in flight: the
+        column blocks of the group expected first, then the other group's, each after its full barrier;
+        committed as one group, not waited for."""
+        mma_qk, _, _ = self.tiled_mmas()  # fresh: its ACCUMULATE state must not escape the caller's branch
+        self.loader.consumer_wait(pipe_first, state_first)
+        warpgroup.fence()  # after the wait loop (else ptxas serializes the chain, see ``qk``)
+        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, first_cols, True)
+        self.loader.consumer_wait(pipe_second, state_second)
+        warpgroup.fence()
+        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, second_cols, False)
+        warpgroup.commit_group()
+
+    @cute.jit
+    def wg0_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
+                      kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max, acc_s,
+                      acc_o, acc_o_mn, s_m, mma_qk, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
+                      sK, mBlockTable, scale_log2):
+        """WG0's half of one iteration; S0 = QK(t0) is in ``acc_s`` (retired). Ends with QK(t0') of the next
+        pair retired in ``acc_s``, issued right behind the P.V of t1 so that it runs while WG1 finishes."""
+        C = self.split_cluster
+        stage_a = a0.index
+        stage_b = b0.index
+        full = t1 + 2 * C < stop
+        self.mark(0, wg_tidx, full)
+        page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
         self.softmax_tile(acc_s, t0, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
         # P0 (relative to m0) into t0's RoPE block and m0 to WG1, in one hand-off.
         rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
         rP.store(acc_s.load().to(self.dtype))
+        self.mark(1, wg_tidx, full)
         cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
         cute.arch.fence_view_async_shared()
         self.publish_max(s_m, 0, row_max, tScS, wg_tidx, int(Bar.M0))
+        self.mark(2, wg_tidx, full)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         valid0 = seqlen - t0 * BLOCK_N
         if valid0 < BLOCK_N:
             self.zero_v_rows(sK, stage_a, valid0, 0, HALF, wg_tidx, int(Bar.WG0))
-        tOrP = layouts.acc_as_a_operand(rP)
-        self.pv(mma_rs, acc_o, tOrP, tOrV_rs, stage_a, True)
+        self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_a, True)
         warpgroup.commit_group()
+        self.mark(3, wg_tidx, full)
         warpgroup.wait_group(0)
+        self.mark(4, wg_tidx, full)
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: QK and P.V done; refill it now
+        self.mark(25, wg_tidx, full)
         if is_producer:
             if t0 + 2 * C < stop:
-                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t0 + 2 * C, seqlen, kv_head,
-                                      wg_tidx, cols=G0_COLS)
+                self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t0 + 2 * C, seqlen, kv_head,
+                                      wg_tidx, page=page_a, cols=G0_COLS)
                 prod.advance()
-        # m1 = max(m0, rowmax S1) from WG1: O_L and this warpgroup's row sums follow it.
+        self.mark(5, wg_tidx, full)
+        # m1 = max(m0, rowmax S1) and P1 (relative to m1) from WG1 (M1 comes once both are written).
         self.read_max(s_m, 1, other_max, tScS, int(Bar.M1))
+        self.mark(6, wg_tidx, full)
         if has_t1:
             self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: never read by WG0 (after M1: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-        # O_L += P1.V_L(t1), P1 from smem.
-        cute.arch.barrier(barrier_id=int(Bar.P1), number_of_threads=256)
         if has_t1:
             self.loader.consumer_wait(pipe_g0, b0)
             valid1 = seqlen - t1 * BLOCK_N
             if valid1 < BLOCK_N:
                 self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
-            self.pv(mma_ss, acc_o, tOrP_other, tOrV_ss, stage_b, True)
-            warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            self.loader.consumer_release(pipe_g0, b0)
-        cute.arch.barrier_arrive(barrier_id=int(Bar.P1_FREE), number_of_threads=256)
-        if is_producer:
-            if has_t1:
-                if t1 + 2 * C < stop:
-                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t1 + 2 * C, seqlen,
-                                          kv_head, wg_tidx, cols=G0_COLS)
-                    prod.advance()
+            # O_L += P1.V_L(t1) (SS, P1 from smem); the next pair's QK goes right behind it. Each branch
+            # issues and retires its own wgmma groups (a group in flight across a branch makes ptxas
+            # serialize every wgmma).
+            if t0 + 2 * C < stop:
+                self.mark(7, wg_tidx, full)
+                self.pv(False, acc_o, tOrP_other, tOrV_ss, stage_b, True)
+                warpgroup.commit_group()
+                self.mark(8, wg_tidx, full)
+                self.issue_qk_two_groups(acc_s, tSrQ, tSrK, n0.index, G0_COLS, G1_COLS, pipe_g0, n0,
+                                         pipe_g1, n1)
+                self.mark(9, wg_tidx, full)
+                warpgroup.wait_group(1)
+                self.mark(10, wg_tidx, full)
+                self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: P.V done; refill it now
+                if is_producer:
+                    if t1 + 2 * C < stop:
+                        self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t1 + 2 * C, seqlen,
+                                              kv_head, wg_tidx, page=page_b, cols=G0_COLS)
+                        prod.advance()
+                warpgroup.wait_group(0)
+                self.mark(11, wg_tidx, full)
+                self.loader.consumer_release(pipe_g1, n1)  # G1 of t0': QK was WG0's only read of it
+            else:
+                self.pv(False, acc_o, tOrP_other, tOrV_ss, stage_b, True)
+                warpgroup.commit_group()
+                warpgroup.wait_group(0)
+                self.loader.consumer_release(pipe_g0, b0)
         return prod
 
     @cute.jit
-    def wg1_iteration(self, t0, t1, has_t1, stage_a, stage_b, a0, a1, b0, b1, pipe_g0, pipe_g1, prod, seqlen,
-                      stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
-                      acc_o, acc_o_mn, s_m, mma_qk, mma_rs, mma_ss, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other,
-                      tPsP_own, tma_k, mK, sK, mBlockTable, scale_log2):
+    def wg1_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
+                      kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max, acc_s,
+                      acc_o, acc_o_mn, s_m, mma_qk, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
+                      sK, mBlockTable, scale_log2):
+        """WG1's half of one iteration; S1 = QK(t1) is in ``acc_s`` (retired) when there is a t1. Ends with
+        QK(t1') of the next pair retired in ``acc_s`` (issued after WG0's QK(t0'), so WG0's softmax of
+        t0' runs beside it)."""
         C = self.split_cluster
-        acc_s = cute.make_rmem_tensor(mma_qk.get_slice(wg_tidx).partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
-        if has_t1:
-            # QK(t1): group 1 was loaded by this warpgroup, group 0 by WG0.
-            self.qk(mma_qk, acc_s, tSrQ, tSrK, stage_b, G1_COLS, G0_COLS, pipe_g1, b1, pipe_g0, b0)
-            self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: QK was WG1's only read
+        stage_a = a0.index
+        stage_b = b0.index
+        full = t1 + 2 * C < stop
+        self.mark(12, wg_tidx, full)
+        page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
         # m0 and P0 from WG0: move to m0, then O_R += P0.V_R(t0) while the softmax of t1 runs.
         self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
+        self.mark(13, wg_tidx, full)
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
@@ -363,39 +501,64 @@ class MLADecodeSeesaw(MLADecodeBase):
         valid0 = seqlen - t0 * BLOCK_N
         if valid0 < BLOCK_N:
             self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
-        self.pv(mma_ss, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
-        warpgroup.commit_group()
         if has_t1:
+            self.mark(14, wg_tidx, full)
+            self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
+            warpgroup.commit_group()
+            self.mark(15, wg_tidx, full)
             self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
-        self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
-        # P1 to smem for WG0 (once WG0's previous P.V from it is done).
-        cute.arch.barrier(barrier_id=int(Bar.P1_FREE), number_of_threads=256)
-        rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
-        if has_t1:
+            # P1 (relative to m1) to smem for WG0, then m1: one hand-off (M1). sP is free: WG0's P.V that
+            # read the previous P1 retired before WG0 arrived on this iteration's M0.
+            rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
             rP.store(acc_s.load().to(self.dtype))
+            self.mark(16, wg_tidx, full)
             cute.autovec_copy(rP, tPsP_own)
             cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(barrier_id=int(Bar.P1), number_of_threads=256)
-        warpgroup.wait_group(0)
-        self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: P.V and P0 read; refill it now
-        if is_producer:
-            if t0 + 2 * C < stop:
-                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t0 + 2 * C, seqlen, kv_head,
-                                      wg_tidx, cols=G1_COLS)
-                prod.advance()
-        if has_t1:
+            self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
+            self.mark(17, wg_tidx, full)
+            warpgroup.wait_group(0)
+            self.mark(18, wg_tidx, full)
+            self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: P.V and P0 read; refill it now
+            self.mark(26, wg_tidx, full)
+            if is_producer:
+                if t0 + 2 * C < stop:
+                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t0 + 2 * C, seqlen, kv_head,
+                                          wg_tidx, page=page_a, cols=G1_COLS)
+                    prod.advance()
+            self.mark(19, wg_tidx, full)
             softmax.rescale_rows_if_needed(acc_o_mn, row_scale)  # to m1
             valid1 = seqlen - t1 * BLOCK_N
             if valid1 < BLOCK_N:
                 self.zero_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1))
-            tOrP = layouts.acc_as_a_operand(rP)
-            self.pv(mma_rs, acc_o, tOrP, tOrV_rs, stage_b, True)
+            self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_b, True)
             warpgroup.commit_group()
+            self.mark(20, wg_tidx, full)
             warpgroup.wait_group(0)
+            self.mark(21, wg_tidx, full)
             self.loader.consumer_release(pipe_g1, b1)
+            self.mark(27, wg_tidx, full)
             if is_producer:
                 if t1 + 2 * C < stop:
-                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t1 + 2 * C, seqlen,
-                                          kv_head, wg_tidx, cols=G1_COLS)
+                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t1 + 2 * C, seqlen,
+                                          kv_head, wg_tidx, page=page_b, cols=G1_COLS)
                     prod.advance()
+            if t1 + 2 * C < stop:
+                # QK(t1') of the next pair: group 1 (loaded by this warpgroup) first, then group 0.
+                m0s = n0.clone()
+                m1s = n1.clone()
+                m0s.advance()
+                m1s.advance()
+                self.mark(22, wg_tidx, full)
+                self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, G1_COLS, G0_COLS, pipe_g1, m1s,
+                                         pipe_g0, m0s)
+                self.mark(23, wg_tidx, full)
+                warpgroup.wait_group(0)
+                self.mark(24, wg_tidx, full)
+                self.loader.consumer_release(pipe_g0, m0s)  # G0 of t1': QK was WG1's only read of it
+        else:
+            self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
+            warpgroup.commit_group()
+            self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))  # m1 = m0: no t1
+            warpgroup.wait_group(0)
+            self.loader.consumer_release(pipe_g1, a1)
         return prod

@@ -70,16 +70,16 @@ def replay_us(graph) -> float:
     return start.elapsed_time(end) * 1e3
 
 
-def probe_graph(cfg, probe_class, buf_shape):
-    """``(config, buf, graph)``: ``cfg``'s planned entry (``planned_entry``) compiled with the kernel class
-    ``probe_class(buf address)`` writing into ``buf`` (int64 zeros of ``buf_shape`` on the GPU), captured in
-    one CUDA graph."""
+def probe_graph(cfg, probe_class, buf_shape, variant: str = "2wg"):
+    """``(config, buf, graph)``: ``cfg``'s planned entry of ``variant`` (``planned_entry``) compiled with the
+    kernel class ``probe_class(buf address)`` writing into ``buf`` (int64 zeros of ``buf_shape`` on the GPU),
+    captured in one CUDA graph."""
     import torch
 
     from perf_table import bench
     from pipelines.launch import compile_entry
 
-    inp, dec, config = planned_entry(cfg)
+    inp, dec, config = planned_entry(cfg, variant)
     buf = torch.zeros(*buf_shape, dtype=torch.int64, device="cuda")
     fn = compile_entry(config, kernel_class=probe_class(buf.data_ptr()))
     graphs, _ = bench.capture_entries({"probe": fn}, inp, dec)

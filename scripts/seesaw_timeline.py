@@ -1,0 +1,131 @@
+"""The seesaw's iteration as a timeline of both warpgroups, in SM cycles (diagnostic).
+
+    python scripts/seesaw_timeline.py [--config 64,32,2,128,1024 ...] [--replays 50]
+
+The library's seesaw entry (``pipelines/variant_seesaw.py``) for each config is compiled once more with a
+subclass whose ``mark`` hook (a no-op in the library) has thread 0 (WG0) and thread 128 (WG1) add
+``%clock64`` into a per-CTA sum for each event of every full iteration (one with t1 and a next pair), with
+a count. ``%clock64`` is the SM's counter, so both warpgroups' stamps share a time base, and an event's mean
+minus the mean of WG0's iteration start (event 0) is its mean offset into the iteration. The graph of one
+decode is replayed ``--replays`` times; sums are reset before the last replay, whose numbers are printed
+(the mean over the CTAs with full iterations). Not a benchmark: each stamp adds a few instructions.
+"""
+from __future__ import annotations
+
+import argparse
+import pathlib
+import statistics
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from pipelines import paged_kv  # noqa: E402,F401  (first: it pins the DSL's target arch)
+
+import cutlass  # noqa: E402
+import cutlass.cute as cute  # noqa: E402
+from cutlass._mlir.dialects import llvm  # noqa: E402
+
+from pipelines.variant_seesaw import MLADecodeSeesaw  # noqa: E402
+from probe_setup import cta_row  # noqa: E402
+
+EVENTS = (
+    # WG0 (thread 0)
+    "wg0 start (S0 ready)", "wg0 softmax0 done", "wg0 P0 stored, M0 arrived", "wg0 PV_L(t0) issued",
+    "wg0 PV_L(t0) retired", "wg0 G0 refill issued", "wg0 M1 passed", "wg0 rescaled, t1's G0 landed",
+    "wg0 PV_L(t1) issued", "wg0 QK(t0') issued", "wg0 PV_L(t1) retired", "wg0 QK(t0') retired",
+    # WG1 (thread 128)
+    "wg1 start", "wg1 M0 passed", "wg1 rescaled, t0's G1 landed", "wg1 PV_R(t0) issued", "wg1 softmax1 done",
+    "wg1 P1 stored, M1 arrived", "wg1 PV_R(t0) retired", "wg1 G1 refill issued", "wg1 PV_R(t1) issued",
+    "wg1 PV_R(t1) retired", "wg1 G1 refill issued (t1')", "wg1 QK(t1') issued", "wg1 QK(t1') retired",
+    # added later (the order of ``mark`` numbers in the library)
+    "wg0 t0's G0 released", "wg1 t0's G1 released", "wg1 t1's G1 released",
+)
+WG1_EVENTS = set(range(12, 25)) | {26, 27}
+SLOTS = 2 * len(EVENTS)
+MAX_CTAS = 1024
+
+
+def probe_class(base: int):
+    """The seesaw kernel with ``mark`` stamping into shared memory, copied to the buffer at ``base`` once the
+    roles are done. Why shared memory: the stamps then add no global operation to the kernel's path (a first
+    form with a ``red.global`` per stamp read the same timeline within about 10%, and 7% slower replays)."""
+
+    class Probed(MLADecodeSeesaw):
+        def extra_shared_fields(self) -> dict:
+            fields = dict(super().extra_shared_fields())
+            fields["probe_sums"] = cute.struct.Align[cute.struct.MemRange[cutlass.Int64, SLOTS], 16]
+            return fields
+
+        @cute.jit
+        def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
+                            mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k,
+                            scale_log2):
+            sums = cutlass.Int32(storage.probe_sums.data_ptr().toint())
+            self.probe_sums = sums  # read by ``mark`` while tracing (defined before every branch)
+            if tidx < SLOTS:
+                llvm.inline_asm(None, [(sums + tidx * 8).ir_value()], "st.shared.u64 [$0], 0;", "r",
+                                has_side_effects=True)
+            cute.arch.sync_threads()
+            super().warpgroup_roles(tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
+                                    mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k,
+                                    scale_log2)
+            cute.arch.sync_threads()
+            if tidx < SLOTS:
+                row = cta_row(base, SLOTS)
+                llvm.inline_asm(None, [(sums + tidx * 8).ir_value(), (row + cutlass.Int64(tidx) * 8).ir_value()],
+                                "{\n.reg .u64 v;\nld.shared.u64 v, [$0];\nst.global.u64 [$1], v;\n}", "r,l",
+                                has_side_effects=True)
+
+        @cute.jit
+        def mark(self, event: cutlass.Constexpr[int], wg_tidx, full):
+            if full:
+                if wg_tidx == 0:
+                    llvm.inline_asm(None, [(self.probe_sums + event * 16).ir_value()],
+                                    "{\n.reg .u64 c, v, n;\nmov.u64 c, %clock64;\nld.shared.u64 v, [$0];\n"
+                                    "ld.shared.u64 n, [$0+8];\nadd.u64 v, v, c;\nadd.u64 n, n, 1;\n"
+                                    "st.shared.u64 [$0], v;\nst.shared.u64 [$0+8], n;\n}", "r",
+                                    has_side_effects=True)
+
+    return Probed
+
+
+def report(label: str, buf) -> None:
+    rows = buf.double()
+    sums, counts = rows[:, 0::2], rows[:, 1::2]
+    used = counts[:, 0] > 0
+    mean = sums[used] / counts[used].clamp(min=1)
+    rel = (mean - mean[:, :1]).mean(dim=0)
+    print(f"{label}: {int(used.sum())} CTAs, {float(counts[used, 0].mean()):.1f} full iterations each")
+    for group in (sorted(set(range(len(EVENTS))) - WG1_EVENTS), sorted(WG1_EVENTS)):
+        for i in sorted(group, key=lambda e: float(rel[e])):
+            print(f"  {EVENTS[i]:<34} {float(rel[i]):8.0f}")
+        print("  --")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen (default 64,32,2,128,1024)")
+    ap.add_argument("--replays", type=int, default=50)
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from perf_table import grid
+    from probe_setup import probe_graph, replay_us
+
+    print(torch.cuda.get_device_name(0), flush=True)
+    for spec in args.config or ["64,32,2,128,1024"]:
+        cfg = grid.Config(*(int(x) for x in spec.split(",")))
+        _, buf, graph = probe_graph(cfg, probe_class, (MAX_CTAS, SLOTS), variant="seesaw")
+        times = []
+        for i in range(args.replays):
+            if i == args.replays - 1:
+                buf.zero_()
+            times.append(replay_us(graph))
+        report(f"{cfg.label()} seesaw (median replay {statistics.median(times):.1f} us)", buf.cpu())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
