@@ -84,6 +84,14 @@ class MLADecodeSeesaw(MLADecodeBase):
     kv_groups = 2
     q_consumer_warps = 8  # both warpgroups score
     k_consumer_warps = 8
+    # At an iteration's start each warpgroup's loading warps prefetch the next pair's tile it scores (WG0 t0',
+    # WG1 t1') into L2 (``prefetch_next_pair``), so that the refills, which go out only once the P.V reading a
+    # group retired, read L2. Why: ``scripts/seesaw_timeline.py`` shows WG0's QK of t0' waiting about 2000
+    # cycles for the data of a refill issued mid-iteration. Off: paired on an H100 (``scripts/entry_ab.py``, mode
+    # ``seesaw-l2-next``, two passes, docs/perf-notes.md, twenty-ninth session) it is 0.959-0.982 at b128 s1 h128
+    # 4096, b64 s1 h128 1024 and b32 s2 h128 1024 but 1.035-1.046 at b128 s2 h128 4096, outputs bit-identical.
+    # A class constant (an A/B sets it on a subclass).
+    l2_prefetch_next_pair = False
 
     def make_pipelines(self, storage):
         """Q as in the skeleton (both warpgroups consume it); K: one pipeline per column group over the
@@ -383,6 +391,27 @@ class MLADecodeSeesaw(MLADecodeBase):
         return page_a, page_b
 
     @cute.jit
+    def prefetch_next_pair(self, is_producer, tma_k, mK, sK, blk, stop, kv_head, page, wg_tidx):
+        """With ``l2_prefetch_next_pair`` (and ``spreads_copies``): L2 prefetches of this CTA's box of tile
+        ``blk`` (every 64-column block; ``page`` its page id from ``refill_pages``), each warp of the
+        warpgroup every fourth block, if the tile is in the chunk. No-op otherwise."""
+        if const_expr(self.l2_prefetch_next_pair and self.spreads_copies()):
+            if is_producer:
+                if blk < stop:
+                    warp = cute.arch.make_warp_uniform(wg_tidx // 32)
+                    _, tKgK = self.loader.tma_views(tma_k, mK, sK)
+                    rank = Int32(0)
+                    if const_expr(self.loader.cluster > 1):
+                        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
+                    box = self.loader.box_rows
+                    in_page = ((blk * BLOCK_N + rank * box) % self.page_size) // box
+                    blocks = tuple(range(HEAD_DIM // COL_BLOCK))
+                    for w in cutlass.range_constexpr(4):
+                        if warp == w:
+                            for c in cutlass.range_constexpr(len(blocks[w::4])):
+                                cute.prefetch(tma_k, tKgK[None, in_page, blocks[w::4][c], kv_head, page])
+
+    @cute.jit
     def issue_qk_two_groups(self, acc_s, tSrQ, tSrK, stage, first_cols: cutlass.Constexpr,
                             second_cols: cutlass.Constexpr, pipe_first, state_first, pipe_second, state_second):
         """S = Q.K^T of the tile in ``stage``, behind whatever wgmma group the caller has in flight: the
@@ -410,6 +439,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         full = t1 + 2 * C < stop
         self.mark(0, wg_tidx, full)
         page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
+        self.prefetch_next_pair(is_producer, tma_k, mK, sK, t0 + 2 * C, stop, kv_head, page_a, wg_tidx)
         self.softmax_tile(acc_s, t0, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
         # P0 (relative to m0) into t0's RoPE block and m0 to WG1, in one hand-off.
         rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
@@ -491,6 +521,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         full = t1 + 2 * C < stop
         self.mark(12, wg_tidx, full)
         page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
+        self.prefetch_next_pair(is_producer, tma_k, mK, sK, t1 + 2 * C, stop, kv_head, page_b, wg_tidx)
         # m0 and P0 from WG0: move to m0, then O_R += P0.V_R(t0) while the softmax of t1 runs.
         self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
         self.mark(13, wg_tidx, full)

@@ -78,6 +78,7 @@ MODES = {
     "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
     "seesaw": ("seesaw", None, False),
+    "seesaw-l2-next": ("seesaw", dict(l2_prefetch_next_pair=True), True),  # the next pair's tiles into L2 early
     "seesaw-evict-first": ("seesaw", dict(kv_l2_hint="evict_first"), False),
 }
 
