@@ -70,6 +70,17 @@ def replay_us(graph) -> float:
     return start.elapsed_time(end) * 1e3
 
 
+def replay_last_clean(graph, buf, replays: int) -> list[float]:
+    """Replay ``graph`` ``replays`` times (``replay_us`` each) with ``buf`` zeroed before the last replay, so that
+    ``buf`` holds that replay's stamps only; returns the replay times (us)."""
+    times = []
+    for i in range(replays):
+        if i == replays - 1:
+            buf.zero_()
+        times.append(replay_us(graph))
+    return times
+
+
 def probe_graph(cfg, probe_class, buf_shape, variant: str = "2wg"):
     """``(config, buf, graph)``: ``cfg``'s planned entry of ``variant`` (``planned_entry``) compiled with the
     kernel class ``probe_class(buf address)`` writing into ``buf`` (int64 zeros of ``buf_shape`` on the GPU),

@@ -234,18 +234,14 @@ def main(argv=None) -> int:
     import torch
 
     from perf_table import grid
-    from probe_setup import probe_graph, replay_us
+    from probe_setup import probe_graph, replay_last_clean
 
     print(torch.cuda.get_device_name(0), flush=True)
     for spec in args.config or ["64,128,1,128,4096"]:
         cfg = grid.Config(*(int(x) for x in spec.split(",")))
         for form in args.form or ["base", "ahead", "nowait"]:
             _, buf, graph = probe_graph(cfg, probe_class(form), (MAX_CTAS, SLOTS))
-            times = []
-            for i in range(args.replays):
-                if i == args.replays - 1:
-                    buf.zero_()
-                times.append(replay_us(graph))
+            times = replay_last_clean(graph, buf, args.replays)
             report(f"{cfg.label()} {form} (median replay {statistics.median(times):.1f} us)", buf.cpu())
     return 0
 
