@@ -128,22 +128,6 @@ class MLADecodeSeesaw(MLADecodeBase):
                       sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
 
     @cute.jit
-    def qk(self, mma_qk, acc_s, tSrQ, tSrK, stage, first_cols: cutlass.Constexpr, second_cols: cutlass.Constexpr,
-           pipe_first, state_first, pipe_second, state_second):
-        """S = Q.K^T of the tile in ``stage``: the column blocks of the group expected first, then the
-        other group's (each after its full barrier)."""
-        self.loader.consumer_wait(pipe_first, state_first)
-        warpgroup.fence()
-        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, first_cols, True)
-        self.loader.consumer_wait(pipe_second, state_second)
-        # The barrier wait is a loop (a branch) inside the wgmma chain: an explicit fence after it, or
-        # ptxas injects one in the loop's divergent path and serializes every wgmma (info C7520).
-        warpgroup.fence()
-        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, second_cols, False)
-        warpgroup.commit_group()
-        warpgroup.wait_group(0)
-
-    @cute.jit
     def role_fragments(self, me: cutlass.Constexpr[int], wg_tidx, mma_qk, mma_rs, mma_ss, sQ, sK, sP, sP0, sV):
         """Warpgroup ``me``'s operand views: Q and K for QK, its V half for the RS and SS P.V, the other
         warpgroup's P as the SS A operand (P1, the skeleton's P tile, for WG0; P0, a stage's RoPE block,
@@ -214,7 +198,8 @@ class MLADecodeSeesaw(MLADecodeBase):
             # The chunk's first QK of each warpgroup (later ones go out at the end of an iteration).
             if const_expr(me == 0):
                 if start < stop:  # (an empty chunk has no tile to score)
-                    self.qk(mma_qk, acc_s, tSrQ, tSrK, g0.index, G0_COLS, G1_COLS, pipe_g0, g0, pipe_g1, g1)
+                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, g0.index, G0_COLS, G1_COLS, pipe_g0, g0, pipe_g1,
+                                             g1)
                     warpgroup.wait_group(0)
                     self.loader.consumer_release(pipe_g1, g1)  # G1 of t0: QK was WG0's only read of it
             else:
@@ -223,8 +208,8 @@ class MLADecodeSeesaw(MLADecodeBase):
                     t1_g1 = g1.clone()
                     t1_g0.advance()
                     t1_g1.advance()
-                    self.qk(mma_qk, acc_s, tSrQ, tSrK, t1_g1.index, G1_COLS, G0_COLS, pipe_g1, t1_g1, pipe_g0,
-                            t1_g0)
+                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, t1_g1.index, G1_COLS, G0_COLS, pipe_g1, t1_g1,
+                                             pipe_g0, t1_g0)
                     warpgroup.wait_group(0)
                     self.loader.consumer_release(pipe_g0, t1_g0)  # G0 of t1: QK was WG1's only read of it
 
@@ -245,13 +230,13 @@ class MLADecodeSeesaw(MLADecodeBase):
                     prod = self.wg0_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
                                               seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
                                               row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn, s_m,
-                                              mma_qk, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
+                                              tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
                                               sK, mBlockTable, scale_log2)
                 else:
                     prod = self.wg1_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
                                               seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
                                               row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn, s_m,
-                                              mma_qk, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
+                                              tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
                                               sK, mBlockTable, scale_log2)
                 g0.advance()
                 g1.advance()
@@ -338,6 +323,14 @@ class MLADecodeSeesaw(MLADecodeBase):
         return 4 if self.spreads_copies() else self.loader.producer_warps
 
     @cute.jit
+    def cta_box(self, blk, wg_tidx):
+        """``(box of the tile, box of the page)`` this CTA loads of tile ``blk`` on the one-box TMA path
+        (``spreads_copies``): its rank in the multicast cluster, and the row block of the page it starts in."""
+        box_idx = (self.loader.box_token(blk, wg_tidx) - blk * BLOCK_N) // self.loader.box_rows
+        in_page = (self.loader.box_token(blk, wg_tidx) % self.page_size) // self.loader.box_rows
+        return box_idx, in_page
+
+    @cute.jit
     def load_group(self, tma_k, mK, sK, mBlockTable, pipe, prod, r, blk, seqlen, kv_head, wg_tidx, page=None,
                    cols=None):
         """The ``load_warps`` warps of a warpgroup load column group ``cols`` of tile ``blk`` into the stage
@@ -361,11 +354,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 pipe.sync_object_empty.wait(prod.index, prod.phase)
             bar = pipe.producer_get_barrier(prod)
             tKsK, tKgK = self.loader.tma_views(tma_k, mK, sK)
-            rank = Int32(0)
-            if const_expr(self.loader.cluster > 1):
-                rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-            box = self.loader.box_rows
-            in_page = ((blk * BLOCK_N + rank * box) % self.page_size) // box
+            rank, in_page = self.cta_box(blk, wg_tidx)
             for w in cutlass.range_constexpr(4):
                 if const_expr(len(cols[w::4]) > 0):
                     if warp == w:
@@ -400,11 +389,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 if blk < stop:
                     warp = cute.arch.make_warp_uniform(wg_tidx // 32)
                     _, tKgK = self.loader.tma_views(tma_k, mK, sK)
-                    rank = Int32(0)
-                    if const_expr(self.loader.cluster > 1):
-                        rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
-                    box = self.loader.box_rows
-                    in_page = ((blk * BLOCK_N + rank * box) % self.page_size) // box
+                    _, in_page = self.cta_box(blk, wg_tidx)
                     blocks = tuple(range(HEAD_DIM // COL_BLOCK))
                     for w in cutlass.range_constexpr(4):
                         if warp == w:
@@ -419,7 +404,9 @@ class MLADecodeSeesaw(MLADecodeBase):
         committed as one group, not waited for."""
         mma_qk, _, _ = self.tiled_mmas()  # fresh: its ACCUMULATE state must not escape the caller's branch
         self.loader.consumer_wait(pipe_first, state_first)
-        warpgroup.fence()  # after the wait loop (else ptxas serializes the chain, see ``qk``)
+        # A barrier wait is a loop (a branch) inside the wgmma chain: an explicit fence after it, or ptxas
+        # injects one in the loop's divergent path and serializes every wgmma (info C7520).
+        warpgroup.fence()
         self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, first_cols, True)
         self.loader.consumer_wait(pipe_second, state_second)
         warpgroup.fence()
@@ -429,7 +416,7 @@ class MLADecodeSeesaw(MLADecodeBase):
     @cute.jit
     def wg0_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
                       kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max, acc_s,
-                      acc_o, acc_o_mn, s_m, mma_qk, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
+                      acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
                       sK, mBlockTable, scale_log2):
         """WG0's half of one iteration; S0 = QK(t0) is in ``acc_s`` (retired). Ends with QK(t0') of the next
         pair retired in ``acc_s``, issued right behind the P.V of t1 so that it runs while WG1 finishes."""
@@ -510,7 +497,7 @@ class MLADecodeSeesaw(MLADecodeBase):
     @cute.jit
     def wg1_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
                       kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max, acc_s,
-                      acc_o, acc_o_mn, s_m, mma_qk, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
+                      acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
                       sK, mBlockTable, scale_log2):
         """WG1's half of one iteration; S1 = QK(t1) is in ``acc_s`` (retired) when there is a t1. Ends with
         QK(t1') of the next pair retired in ``acc_s`` (issued after WG0's QK(t0'), so WG0's softmax of
