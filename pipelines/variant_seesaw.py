@@ -92,6 +92,23 @@ class MLADecodeSeesaw(MLADecodeBase):
     # 4096, b64 s1 h128 1024 and b32 s2 h128 1024 but 1.035-1.046 at b128 s2 h128 4096, outputs bit-identical.
     # A class constant (an A/B sets it on a subclass).
     l2_prefetch_next_pair = False
+    # A producer warpgroup (``produce``) issues every load on the TMA page sizes: 384 threads, the two
+    # scoring warpgroups become warpgroups 1 and 2 and issue no load. Why: ``scripts/seesaw_timeline.py``
+    # shows each refill costing its warpgroup 800-900 cycles of TMA issue (the empty-barrier wait and 4-5
+    # copies about 120-150 cycles apart), on the path to that warpgroup's next P.V or QK, and the refills
+    # going out late for it. A class constant (an A/B sets it on a subclass); registers per thread after
+    # setmaxnreg in ``PRODUCER_REGISTERS`` (384 threads start at 168: a pool of 3 x 168).
+    producer_warpgroup = False
+    PRODUCER_REGISTERS = (24, 240, 240)
+
+    def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
+                 multicast: bool = True, split_cluster: int = 1):
+        super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, multicast, split_cluster)
+        # Only the TMA paths: the cp.async gather needs the producer threads' registers for its addresses.
+        self.with_producer = self.producer_warpgroup and paged_kv.uses_tma(page_size)
+        if self.with_producer:
+            self.num_threads = 384
+            assert sum(self.PRODUCER_REGISTERS) <= 3 * 168
 
     def make_pipelines(self, storage):
         """Q as in the skeleton (both warpgroups consume it); K: one pipeline per column group over the
@@ -107,7 +124,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
                         mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
-        begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
         wg = tidx // 128
         wg_tidx = tidx % 128
         sV_layout = layouts.v_view_layout(sK.layout, HALF, BLOCK_N, HEAD_DIM, self.kv_stages)
@@ -116,16 +132,42 @@ class MLADecodeSeesaw(MLADecodeBase):
         sP0_layout = cute.composition(sK.layout, cute.make_layout(
             (BLOCK_M, BLOCK_N, self.kv_stages), stride=(1, BLOCK_N, BLOCK_N * HEAD_DIM)))
         sP0 = cute.make_tensor(sK.iterator + HEAD_DIM_V * BLOCK_N, sP0_layout)
-        if wg == 0:
-            sV = cute.make_tensor(sK.iterator, sV_layout)
-            self.role(0, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-                      tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                      sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+        if const_expr(self.with_producer):
+            # Whole warpgroups take each branch (setmaxnreg is warpgroup-wide); each role reads the work list
+            # after its setmaxnreg (values live across the split are what ptxas spills first).
+            wg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4
+            producer_regs, regs0, regs1 = self.PRODUCER_REGISTERS
+            if wg == 0:
+                cute.arch.setmaxregister_decrease(producer_regs)
+                begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
+                self.produce(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
+                             tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, sQ, sK, pipe_q, pipe_k)
+            elif wg == 1:
+                cute.arch.setmaxregister_increase(regs0)
+                begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
+                sV = cute.make_tensor(sK.iterator, sV_layout)
+                self.role(0, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
+                          tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
+                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+            else:
+                cute.arch.setmaxregister_increase(regs1)
+                begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
+                sV = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
+                self.role(1, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
+                          tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
+                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
         else:
-            sV = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
-            self.role(1, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-                      tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                      sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+            begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
+            if wg == 0:
+                sV = cute.make_tensor(sK.iterator, sV_layout)
+                self.role(0, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
+                          tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
+                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+            else:
+                sV = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
+                self.role(1, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
+                          tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
+                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
 
     @cute.jit
     def role_fragments(self, me: cutlass.Constexpr[int], wg_tidx, mma_qk, mma_rs, mma_ss, sQ, sK, sP, sP0, sV):
@@ -181,16 +223,17 @@ class MLADecodeSeesaw(MLADecodeBase):
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-            if const_expr(me == 0):
-                if wg_warp == 0:
-                    self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
-                    q_prod.advance()
-            # This warpgroup's group of the chunk's first two tiles.
-            if is_producer:
-                for blk in cutlass.range(start, cutlass.min(start + 2 * C, stop), C, unroll=1):
-                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_own, prod, r, blk, seqlen, kv_head,
-                                          wg_tidx, cols=cols_own)
-                    prod.advance()
+            if const_expr(not self.with_producer):
+                if const_expr(me == 0):
+                    if wg_warp == 0:
+                        self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
+                        q_prod.advance()
+                # This warpgroup's group of the chunk's first two tiles.
+                if is_producer:
+                    for blk in cutlass.range(start, cutlass.min(start + 2 * C, stop), C, unroll=1):
+                        self.load_group(tma_k, mK, sK, mBlockTable, pipe_own, prod, r, blk, seqlen, kv_head,
+                                        wg_tidx, cols=cols_own)
+                        prod.advance()
             acc_o, acc_o_mn, row_max, row_sum, row_scale = self.new_chunk_state(thr_rs, n_rows_thr)
             other_max = cute.make_rmem_tensor(n_rows_thr, Float32)
             row_limit = self.row_limits(seqlen, m_block, tScS)
@@ -248,6 +291,38 @@ class MLADecodeSeesaw(MLADecodeBase):
 
             self.finish_chunk(me, wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, row_max, row_sum, tScS,
                               s_sum, s_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage)
+
+    @cute.jit
+    def produce(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split, tma_q, mQ,
+                tma_k, mK, mBlockTable, mSeqlens, mNumSplits, sQ, sK, pipe_q, pipe_k):
+        """The producer warpgroup (``producer_warpgroup``): every load of the work list. Warp 3 loads each
+        request's Q; the loader's producer warps load every tile of the chunk, group 0 then group 1, each
+        once the stage's group is free (its empty barrier): the order in which the scoring warpgroups
+        release them (G0 of t0 after WG0's P.V of t0, G1 of t0 after WG1's, then t1's). The next
+        request's Q and first tiles go out as soon as their buffers are free, while the current chunk
+        still computes (with a split cluster only after the chunk's epilogue, which reuses the stages)."""
+        C = self.split_cluster
+        pipe_g0, pipe_g1 = pipe_k
+        warp = cute.arch.make_warp_uniform(wg_tidx // 32)
+        q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
+        p0 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+        p1 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
+        for r in cutlass.range(begin_req, end_req + 1, unroll=1):
+            seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
+                r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
+            if warp == 3:
+                self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
+                q_prod.advance()
+            if warp < self.loader.producer_warps:
+                for blk in cutlass.range(start, stop, C, unroll=1):
+                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, blk, seqlen, kv_head, wg_tidx,
+                                          cols=G0_COLS)
+                    p0.advance()
+                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, blk, seqlen, kv_head, wg_tidx,
+                                          cols=G1_COLS)
+                    p1.advance()
+            if const_expr(C > 1):
+                self.cluster_idle()  # the chunk's epilogue barriers (it reduces in the K stages)
 
     @cute.jit
     def finish_chunk(self, me: cutlass.Constexpr[int], wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o,
@@ -370,7 +445,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         warpgroup's path and the next QK's. A tile index past the chunk reads a valid page
         (``page_id`` clamps) that is never used."""
         C = self.split_cluster
-        if const_expr(not self.loader.prefetches_page()):
+        if const_expr(self.with_producer or not self.loader.prefetches_page()):
             return None, None
         page_a = Int32(0)
         page_b = Int32(0)
@@ -447,11 +522,12 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.mark(4, wg_tidx, full)
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: QK and P.V done; refill it now
         self.mark(25, wg_tidx, full)
-        if is_producer:
-            if t0 + 2 * C < stop:
-                self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t0 + 2 * C, seqlen, kv_head,
-                                      wg_tidx, page=page_a, cols=G0_COLS)
-                prod.advance()
+        if const_expr(not self.with_producer):
+            if is_producer:
+                if t0 + 2 * C < stop:
+                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t0 + 2 * C, seqlen, kv_head,
+                                    wg_tidx, page=page_a, cols=G0_COLS)
+                    prod.advance()
         self.mark(5, wg_tidx, full)
         # m1 = max(m0, rowmax S1) and P1 (relative to m1) from WG1 (M1 comes once both are written).
         self.read_max(s_m, 1, other_max, tScS, int(Bar.M1))
@@ -479,11 +555,12 @@ class MLADecodeSeesaw(MLADecodeBase):
                 warpgroup.wait_group(1)
                 self.mark(10, wg_tidx, full)
                 self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: P.V done; refill it now
-                if is_producer:
-                    if t1 + 2 * C < stop:
-                        self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t1 + 2 * C, seqlen,
-                                              kv_head, wg_tidx, page=page_b, cols=G0_COLS)
-                        prod.advance()
+                if const_expr(not self.with_producer):
+                    if is_producer:
+                        if t1 + 2 * C < stop:
+                            self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t1 + 2 * C, seqlen,
+                                            kv_head, wg_tidx, page=page_b, cols=G0_COLS)
+                            prod.advance()
                 warpgroup.wait_group(0)
                 self.mark(11, wg_tidx, full)
                 self.loader.consumer_release(pipe_g1, n1)  # G1 of t0': QK was WG0's only read of it
@@ -538,11 +615,12 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.mark(18, wg_tidx, full)
             self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: P.V and P0 read; refill it now
             self.mark(26, wg_tidx, full)
-            if is_producer:
-                if t0 + 2 * C < stop:
-                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t0 + 2 * C, seqlen, kv_head,
-                                          wg_tidx, page=page_a, cols=G1_COLS)
-                    prod.advance()
+            if const_expr(not self.with_producer):
+                if is_producer:
+                    if t0 + 2 * C < stop:
+                        self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t0 + 2 * C, seqlen, kv_head,
+                                        wg_tidx, page=page_a, cols=G1_COLS)
+                        prod.advance()
             self.mark(19, wg_tidx, full)
             softmax.rescale_rows_if_needed(acc_o_mn, row_scale)  # to m1
             valid1 = seqlen - t1 * BLOCK_N
@@ -555,11 +633,12 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.mark(21, wg_tidx, full)
             self.loader.consumer_release(pipe_g1, b1)
             self.mark(27, wg_tidx, full)
-            if is_producer:
-                if t1 + 2 * C < stop:
-                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t1 + 2 * C, seqlen,
-                                          kv_head, wg_tidx, page=page_b, cols=G1_COLS)
-                    prod.advance()
+            if const_expr(not self.with_producer):
+                if is_producer:
+                    if t1 + 2 * C < stop:
+                        self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t1 + 2 * C, seqlen,
+                                        kv_head, wg_tidx, page=page_b, cols=G1_COLS)
+                        prod.advance()
             if t1 + 2 * C < stop:
                 # QK(t1') of the next pair: group 1 (loaded by this warpgroup) first, then group 0.
                 m0s = n0.clone()

@@ -46,12 +46,14 @@ SLOTS = 2 * len(EVENTS)
 MAX_CTAS = 1024
 
 
-def probe_class(base: int):
+def probe_class(base: int, producer: bool = False):
     """The seesaw kernel with ``mark`` stamping into shared memory, copied to the buffer at ``base`` once the
     roles are done. Why shared memory: the stamps then add no global operation to the kernel's path (a first
     form with a ``red.global`` per stamp read the same timeline within about 10%, and 7% slower replays)."""
 
     class Probed(MLADecodeSeesaw):
+        producer_warpgroup = producer
+
         def extra_shared_fields(self) -> dict:
             fields = dict(super().extra_shared_fields())
             fields["probe_sums"] = cute.struct.Align[cute.struct.MemRange[cutlass.Int64, SLOTS], 16]
@@ -107,6 +109,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen (default 64,32,2,128,1024)")
     ap.add_argument("--replays", type=int, default=50)
+    ap.add_argument("--producer", action="store_true", help="the seesaw's producer-warpgroup form")
     args = ap.parse_args(argv)
 
     import torch
@@ -117,9 +120,11 @@ def main(argv=None) -> int:
     print(torch.cuda.get_device_name(0), flush=True)
     for spec in args.config or ["64,32,2,128,1024"]:
         cfg = grid.Config(*(int(x) for x in spec.split(",")))
-        _, buf, graph = probe_graph(cfg, probe_class, (MAX_CTAS, SLOTS), variant="seesaw")
+        _, buf, graph = probe_graph(cfg, lambda base: probe_class(base, args.producer), (MAX_CTAS, SLOTS),
+                                    variant="seesaw")
         times = replay_last_clean(graph, buf, args.replays)
-        report(f"{cfg.label()} seesaw (median replay {statistics.median(times):.1f} us)", buf.cpu())
+        form = "seesaw, producer warpgroup" if args.producer else "seesaw"
+        report(f"{cfg.label()} {form} (median replay {statistics.median(times):.1f} us)", buf.cpu())
     return 0
 
 
