@@ -100,6 +100,11 @@ class MLADecodeSeesaw(MLADecodeBase):
     # setmaxnreg in ``PRODUCER_REGISTERS`` (384 threads start at 168: a pool of 3 x 168).
     producer_warpgroup = False
     PRODUCER_REGISTERS = (24, 240, 240)
+    # With the producer warpgroup: right after loading tile t, its warps prefetch into L2 their box of tile
+    # t + 2 (the stage's next fill, which goes out only once the pair's P.Vs release the stage), so that fill
+    # reads L2. Why: with the producer, ``seesaw_timeline.py`` shows a refill landing about 2400 cycles after
+    # its release, on the next QK's path. A class constant (an A/B sets it on a subclass).
+    producer_l2_ahead = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -321,6 +326,10 @@ class MLADecodeSeesaw(MLADecodeBase):
                     self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, blk, seqlen, kv_head, wg_tidx,
                                           cols=G1_COLS)
                     p1.advance()
+                    if const_expr(self.producer_l2_ahead):
+                        if blk + 2 * C < stop:
+                            page = self.loader.page_id(mBlockTable, r, blk + 2 * C, seqlen, wg_tidx)
+                            self.loader.prefetch_tile(tma_k, mK, sK, blk + 2 * C, kv_head, page, wg_tidx)
             if const_expr(C > 1):
                 self.cluster_idle()  # the chunk's epilogue barriers (it reduces in the K stages)
 

@@ -81,6 +81,7 @@ MODES = {
     "seesaw-l2-next": ("seesaw", dict(l2_prefetch_next_pair=True), True),  # the next pair's tiles into L2 early
     "seesaw-evict-first": ("seesaw", dict(kv_l2_hint="evict_first"), False),
     "seesaw-producer": ("seesaw", dict(producer_warpgroup=True), True),  # a producer warpgroup issues every load
+    "seesaw-producer-l2": ("seesaw", dict(producer_warpgroup=True, producer_l2_ahead=True), True),  # + tile t+2 into L2
 }
 
 
