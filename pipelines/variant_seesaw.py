@@ -105,6 +105,12 @@ class MLADecodeSeesaw(MLADecodeBase):
     # reads L2. Why: with the producer, ``seesaw_timeline.py`` shows a refill landing about 2400 cycles after
     # its release, on the next QK's path. A class constant (an A/B sets it on a subclass).
     producer_l2_ahead = False
+    # Releases moved up the critical loops ``seesaw_timeline.py`` shows (each refill lands about 2400 cycles
+    # after its release, on a QK's path): WG0 issues QK(t0') as two commit groups and releases G0 of t1
+    # between them, once PV_L(t1) retired, instead of after the whole QK (whose G1 half waits for its
+    # refill); WG1 releases G1 of t0 right after its softmax of t1 (PV_R(t0) has retired by then) instead of
+    # after P1's hand-off; WG1's QK(t1') then takes G0's blocks first. A class constant (an A/B sets it).
+    early_releases = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -558,18 +564,41 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.pv(False, acc_o, tOrP_other, tOrV_ss, stage_b, True)
                 warpgroup.commit_group()
                 self.mark(8, wg_tidx, full)
-                self.issue_qk_two_groups(acc_s, tSrQ, tSrK, n0.index, G0_COLS, G1_COLS, pipe_g0, n0,
-                                         pipe_g1, n1)
-                self.mark(9, wg_tidx, full)
-                warpgroup.wait_group(1)
-                self.mark(10, wg_tidx, full)
-                self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: P.V done; refill it now
-                if const_expr(not self.with_producer):
-                    if is_producer:
-                        if t1 + 2 * C < stop:
-                            self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t1 + 2 * C, seqlen,
-                                            kv_head, wg_tidx, page=page_b, cols=G0_COLS)
-                            prod.advance()
+                if const_expr(self.early_releases):
+                    # QK(t0') in two commit groups: G0's blocks, then (PV_L(t1) retired) G0 of t1 released
+                    # before the wait for G1's blocks, which land last.
+                    mma_qk, _, _ = self.tiled_mmas()
+                    self.loader.consumer_wait(pipe_g0, n0)
+                    warpgroup.fence()
+                    self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G0_COLS, True)
+                    warpgroup.commit_group()
+                    warpgroup.wait_group(1)
+                    self.mark(10, wg_tidx, full)
+                    self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: P.V done; refill it now
+                    if const_expr(not self.with_producer):
+                        if is_producer:
+                            if t1 + 2 * C < stop:
+                                self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t1 + 2 * C, seqlen,
+                                                kv_head, wg_tidx, page=page_b, cols=G0_COLS)
+                                prod.advance()
+                    self.loader.consumer_wait(pipe_g1, n1)
+                    warpgroup.fence()
+                    self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G1_COLS, False)
+                    warpgroup.commit_group()
+                    self.mark(9, wg_tidx, full)
+                else:
+                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, n0.index, G0_COLS, G1_COLS, pipe_g0, n0,
+                                             pipe_g1, n1)
+                    self.mark(9, wg_tidx, full)
+                    warpgroup.wait_group(1)
+                    self.mark(10, wg_tidx, full)
+                    self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: P.V done; refill it now
+                    if const_expr(not self.with_producer):
+                        if is_producer:
+                            if t1 + 2 * C < stop:
+                                self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t1 + 2 * C, seqlen,
+                                                kv_head, wg_tidx, page=page_b, cols=G0_COLS)
+                                prod.advance()
                 warpgroup.wait_group(0)
                 self.mark(11, wg_tidx, full)
                 self.loader.consumer_release(pipe_g1, n1)  # G1 of t0': QK was WG0's only read of it
@@ -615,15 +644,22 @@ class MLADecodeSeesaw(MLADecodeBase):
             # read the previous P1 retired before WG0 arrived on this iteration's M0.
             rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
             rP.store(acc_s.load().to(self.dtype))
+            if const_expr(self.early_releases):
+                # PV_R(t0) has had the softmax's time: G1 of t0 (P.V and P0 read) released before P1's hand-off.
+                warpgroup.wait_group(0)
+                self.mark(18, wg_tidx, full)
+                self.loader.consumer_release(pipe_g1, a1)
+                self.mark(26, wg_tidx, full)
             self.mark(16, wg_tidx, full)
             cute.autovec_copy(rP, tPsP_own)
             cute.arch.fence_view_async_shared()
             self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
             self.mark(17, wg_tidx, full)
-            warpgroup.wait_group(0)
-            self.mark(18, wg_tidx, full)
-            self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: P.V and P0 read; refill it now
-            self.mark(26, wg_tidx, full)
+            if const_expr(not self.early_releases):
+                warpgroup.wait_group(0)
+                self.mark(18, wg_tidx, full)
+                self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: P.V and P0 read; refill it now
+                self.mark(26, wg_tidx, full)
             if const_expr(not self.with_producer):
                 if is_producer:
                     if t0 + 2 * C < stop:
@@ -655,8 +691,12 @@ class MLADecodeSeesaw(MLADecodeBase):
                 m0s.advance()
                 m1s.advance()
                 self.mark(22, wg_tidx, full)
-                self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, G1_COLS, G0_COLS, pipe_g1, m1s,
-                                         pipe_g0, m0s)
+                if const_expr(self.early_releases):  # G0 of t1' is released first now (WG0's QK(t0') split)
+                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, G0_COLS, G1_COLS, pipe_g0, m0s,
+                                             pipe_g1, m1s)
+                else:
+                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, G1_COLS, G0_COLS, pipe_g1, m1s,
+                                             pipe_g0, m0s)
                 self.mark(23, wg_tidx, full)
                 warpgroup.wait_group(0)
                 self.mark(24, wg_tidx, full)

@@ -46,7 +46,7 @@ SLOTS = 2 * len(EVENTS)
 MAX_CTAS = 1024
 
 
-def probe_class(base: int, producer: bool = False, l2_ahead: bool = False):
+def probe_class(base: int, producer: bool = False, l2_ahead: bool = False, early: bool = False):
     """The seesaw kernel with ``mark`` stamping into shared memory, copied to the buffer at ``base`` once the
     roles are done. Why shared memory: the stamps then add no global operation to the kernel's path (a first
     form with a ``red.global`` per stamp read the same timeline within about 10%, and 7% slower replays)."""
@@ -54,6 +54,7 @@ def probe_class(base: int, producer: bool = False, l2_ahead: bool = False):
     class Probed(MLADecodeSeesaw):
         producer_warpgroup = producer
         producer_l2_ahead = l2_ahead
+        early_releases = early
 
         def extra_shared_fields(self) -> dict:
             fields = dict(super().extra_shared_fields())
@@ -112,6 +113,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=50)
     ap.add_argument("--producer", action="store_true", help="the seesaw's producer-warpgroup form")
     ap.add_argument("--l2-ahead", action="store_true", help="with --producer: tile t + 2 into L2 (producer_l2_ahead)")
+    ap.add_argument("--early", action="store_true", help="the releases moved up (early_releases)")
     args = ap.parse_args(argv)
 
     import torch
@@ -122,10 +124,11 @@ def main(argv=None) -> int:
     print(torch.cuda.get_device_name(0), flush=True)
     for spec in args.config or ["64,32,2,128,1024"]:
         cfg = grid.Config(*(int(x) for x in spec.split(",")))
-        _, buf, graph = probe_graph(cfg, lambda base: probe_class(base, args.producer, args.l2_ahead), (MAX_CTAS, SLOTS),
+        _, buf, graph = probe_graph(cfg, lambda base: probe_class(base, args.producer, args.l2_ahead, args.early), (MAX_CTAS, SLOTS),
                                     variant="seesaw")
         times = replay_last_clean(graph, buf, args.replays)
         form = ("seesaw, producer warpgroup" + (", L2 ahead" if args.l2_ahead else "")) if args.producer else "seesaw"
+        form += ", early releases" if args.early else ""
         report(f"{cfg.label()} {form} (median replay {statistics.median(times):.1f} us)", buf.cpu())
     return 0
 
