@@ -82,9 +82,9 @@ MODES = {
     "seesaw-evict-first": ("seesaw", dict(kv_l2_hint="evict_first"), False),
     "seesaw-producer": ("seesaw", dict(producer_warpgroup=True), True),  # a producer warpgroup issues every load
     "seesaw-producer-l2": ("seesaw", dict(producer_warpgroup=True, producer_l2_ahead=True), True),  # + tile t+2 into L2
-    "seesaw-early": ("seesaw", dict(early_releases=True), True),  # releases moved up (QK(t0') split, G1(t0) early)
+    "seesaw-early": ("seesaw", dict(early_releases=True), False),  # releases moved up (QK(t0') split, G1(t0) early)
     "seesaw-producer-early": ("seesaw", dict(producer_warpgroup=True, producer_l2_ahead=True, early_releases=True),
-                              True),
+                              False),  # (WG1's QK sums S in another order: not bit-identical to seesaw)
 }
 
 
