@@ -98,8 +98,12 @@ PROMISES = {
     "2wg": dict(need=("HGMMA", "UTMALDG"), forbid=("LDL", "STL", "USETMAXREG")),
     "3wg": dict(need=("HGMMA", "UTMALDG", "USETMAXREG"), forbid=("LDL", "STL"),
                 registers=168),  # = pipelines.variant_3wg.ENTRY_REGISTERS (that module imports the DSL)
-    "seesaw": dict(need=("HGMMA", "UTMALDG"), forbid=("LDL", "STL", "USETMAXREG")),
+    "seesaw": dict(need=("HGMMA", "UTMALDG"), forbid=("LDL", "STL")),
 }
+# seesaw on the TMA page sizes has a producer warpgroup (pipelines.variant_seesaw.PRODUCER_REGISTERS, also
+# 3 x 168 at 384 threads) that prefetches the next fill of each stage into L2 (UTMAPF); on the gather pages
+# its two warpgroups load (256 threads, no setmaxnreg).
+SEESAW_PRODUCER_REGISTERS = 168
 
 # (dtype, h_q, s_q, causal, page_size, multicast) of the decode kernels checked per variant: a 2-CTA
 # multicast cluster (128 rows, TMA page 64), TMA pages without a cluster (one m-block), the cp.async
@@ -168,6 +172,13 @@ def targets(variants: list[str]) -> list[Target]:
                 need += ("GRID_BARRIER",)
             else:
                 forbid += ("GRID_BARRIER",)
+            registers = p.get("registers")
+            if v == "seesaw":
+                if paged_kv.uses_tma(page):
+                    need += ("USETMAXREG", "UTMAPF")
+                    registers = SEESAW_PRODUCER_REGISTERS
+                else:
+                    forbid += ("USETMAXREG",)
             if v == "2wg":  # short chunks prefetched into L2 (MLADecode2WG.l2_prefetch_chunk_tiles): TMA only
                 if paged_kv.uses_tma(page):
                     need += ("UTMAPF",)
@@ -179,7 +190,7 @@ def targets(variants: list[str]) -> list[Target]:
             out.append(Target(name, "decode", v, dtype, h_q, s_q, causal,
                               need=tuple(dict.fromkeys(p["need"] + need)),
                               forbid=tuple(dict.fromkeys(p["forbid"] + forbid)), page_size=page, multicast=multicast,
-                              split_cluster=split_cluster, registers=p.get("registers"), partial=partial))
+                              split_cluster=split_cluster, registers=registers, partial=partial))
     out.append(Target("merge bf16 h128 s_q1", "merge", None, "bfloat16", 128, 1, False, need=()))
     # The planner: one CTA of scalar code; its walk must stay in registers.
     out.append(Target("planner", "planner", None, "int32", 0, 0, False, need=()))

@@ -31,12 +31,23 @@ A chunk with an odd tile count ends on an iteration without t1: WG1 then only mo
 
 Loads: each K stage fills in two column groups, each with its own full/empty barrier pair
 (``paged_kv`` loader ``by_columns``): G0 = columns 0..255 (V_L), G1 = columns 256..511 (V_R) and the
-RoPE columns 512..575. A group is refilled as soon as both warpgroups are done with it, by the
-warpgroup that finishes with it last (WG0 issues every G0 load, WG1 every G1 load), instead of the
+RoPE columns 512..575. A group is refilled as soon as both warpgroups released it, instead of the
 whole stage after the last P.V: G0 of t0 is free after O_L += P0.V_L(t0), mid-iteration. QK takes
 the column blocks of the group that lands first first. P0 goes into the RoPE block of t0's stage
 (read only by QK(t0), done by then; G1 is released only after WG1's P.V that reads P0), P1 into the
 skeleton's P tile. The smem plan is the skeleton's (Q 72 KB + 2 stages 144 KB + P 8 KB).
+Who loads (``producer_warpgroup``): on the TMA page sizes a third warpgroup (warpgroup 0 of 384 threads;
+the scoring warpgroups are 1 and 2, 24 / 240 / 240 registers after setmaxnreg) issues every load: Q per
+request, then each tile's G0 and G1 as their empty barriers free, and right after loading tile t the L2
+prefetch of tile t + 2, the stage's next fill (``producer_l2_ahead``). The next request's Q and first
+tiles go out while the current chunk still computes. On the gather pages (whose copies need the producer
+threads' registers) the scoring warpgroups load instead: WG0 every G0 and Q, WG1 every G1, each group
+by the warpgroup that finishes with it last. ``early_releases`` moves two releases up the loops that
+``scripts/seesaw_timeline.py`` shows bound the iteration (a refill lands about 2400 cycles after its
+release, on the next QK's path): WG0 releases G0 of t1 between the two halves of QK(t0'), WG1 releases
+G1 of t0 right after its softmax. Measured paired on an H100 (docs/perf-notes.md, thirtieth session)
+the three together make the seesaw 1-6% faster than the consumer-loaded form, and 9-6% more without
+the multicast cluster; it still trails 2wg by 13-20%.
 
 Named barriers (``Bar``, 256 threads unless noted): M0 (WG0 -> WG1: m0 and P0 written), M1 (WG1 ->
 WG0: P1 and m1 written), SUM (WG1 -> WG0: WG1's row sums written at a chunk's end), INV (WG0 -> WG1:
@@ -98,19 +109,19 @@ class MLADecodeSeesaw(MLADecodeBase):
     # copies about 120-150 cycles apart), on the path to that warpgroup's next P.V or QK, and the refills
     # going out late for it. A class constant (an A/B sets it on a subclass); registers per thread after
     # setmaxnreg in ``PRODUCER_REGISTERS`` (384 threads start at 168: a pool of 3 x 168).
-    producer_warpgroup = False
+    producer_warpgroup = True
     PRODUCER_REGISTERS = (24, 240, 240)
     # With the producer warpgroup: right after loading tile t, its warps prefetch into L2 their box of tile
     # t + 2 (the stage's next fill, which goes out only once the pair's P.Vs release the stage), so that fill
     # reads L2. Why: with the producer, ``seesaw_timeline.py`` shows a refill landing about 2400 cycles after
     # its release, on the next QK's path. A class constant (an A/B sets it on a subclass).
-    producer_l2_ahead = False
+    producer_l2_ahead = True
     # Releases moved up the critical loops ``seesaw_timeline.py`` shows (each refill lands about 2400 cycles
     # after its release, on a QK's path): WG0 issues QK(t0') as two commit groups and releases G0 of t1
     # between them, once PV_L(t1) retired, instead of after the whole QK (whose G1 half waits for its
     # refill); WG1 releases G1 of t0 right after its softmax of t1 (PV_R(t0) has retired by then) instead of
     # after P1's hand-off; WG1's QK(t1') then takes G0's blocks first. A class constant (an A/B sets it).
-    early_releases = False
+    early_releases = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):

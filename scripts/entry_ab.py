@@ -77,14 +77,15 @@ MODES = {
     "2wg-kg2-qk-ahead-nowait": ("2wg", dict(kv_groups=2, qk_ahead=True, qk_ahead_waits_pv=False), True),
     "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
-    "seesaw": ("seesaw", None, False),
-    "seesaw-l2-next": ("seesaw", dict(l2_prefetch_next_pair=True), True),  # the next pair's tiles into L2 early
+    "seesaw": ("seesaw", None, False),  # the library's (TMA pages: producer warpgroup, L2 ahead, early releases)
+    # the consumer-issued loads of the 29th session (and the early releases off: bit-identical to it)
+    "seesaw-29th": ("seesaw", dict(producer_warpgroup=False, producer_l2_ahead=False, early_releases=False), False),
+    "seesaw-l2-next": ("seesaw", dict(producer_warpgroup=False, producer_l2_ahead=False, early_releases=False,
+                                      l2_prefetch_next_pair=True), False),  # 29th + next pair into L2 by its loaders
     "seesaw-evict-first": ("seesaw", dict(kv_l2_hint="evict_first"), False),
-    "seesaw-producer": ("seesaw", dict(producer_warpgroup=True), True),  # a producer warpgroup issues every load
-    "seesaw-producer-l2": ("seesaw", dict(producer_warpgroup=True, producer_l2_ahead=True), True),  # + tile t+2 into L2
-    "seesaw-early": ("seesaw", dict(early_releases=True), False),  # releases moved up (QK(t0') split, G1(t0) early)
-    "seesaw-producer-early": ("seesaw", dict(producer_warpgroup=True, producer_l2_ahead=True, early_releases=True),
-                              False),  # (WG1's QK sums S in another order: not bit-identical to seesaw)
+    "seesaw-producer": ("seesaw", dict(producer_l2_ahead=False, early_releases=False), False),  # the producer alone
+    "seesaw-producer-l2": ("seesaw", dict(early_releases=False), False),  # + tile t+2 into L2
+    "seesaw-early": ("seesaw", dict(producer_warpgroup=False, producer_l2_ahead=False), False),  # early releases alone
 }
 
 

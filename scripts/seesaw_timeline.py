@@ -43,19 +43,22 @@ EVENTS = (
 )
 WG1_EVENTS = set(range(12, 25)) | {26, 27}
 SLOTS = 2 * len(EVENTS)
+# --form: class constants set on the probed kernel ("library": none)
+FORMS = {
+    "library": {},
+    "29th": dict(producer_warpgroup=False, producer_l2_ahead=False, early_releases=False),  # consumers load
+    "producer": dict(producer_l2_ahead=False, early_releases=False),
+    "producer-l2": dict(early_releases=False),
+}
 MAX_CTAS = 1024
 
 
-def probe_class(base: int, producer: bool = False, l2_ahead: bool = False, early: bool = False):
+def probe_class(base: int, overrides: dict | None = None):
     """The seesaw kernel with ``mark`` stamping into shared memory, copied to the buffer at ``base`` once the
     roles are done. Why shared memory: the stamps then add no global operation to the kernel's path (a first
     form with a ``red.global`` per stamp read the same timeline within about 10%, and 7% slower replays)."""
 
     class Probed(MLADecodeSeesaw):
-        producer_warpgroup = producer
-        producer_l2_ahead = l2_ahead
-        early_releases = early
-
         def extra_shared_fields(self) -> dict:
             fields = dict(super().extra_shared_fields())
             fields["probe_sums"] = cute.struct.Align[cute.struct.MemRange[cutlass.Int64, SLOTS], 16]
@@ -91,6 +94,8 @@ def probe_class(base: int, producer: bool = False, l2_ahead: bool = False, early
                                     "st.shared.u64 [$0], v;\nst.shared.u64 [$0+8], n;\n}", "r",
                                     has_side_effects=True)
 
+    for name, value in (overrides or {}).items():  # class constants of the form probed (``--form``)
+        setattr(Probed, name, value)
     return Probed
 
 
@@ -111,9 +116,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen (default 64,32,2,128,1024)")
     ap.add_argument("--replays", type=int, default=50)
-    ap.add_argument("--producer", action="store_true", help="the seesaw's producer-warpgroup form")
-    ap.add_argument("--l2-ahead", action="store_true", help="with --producer: tile t + 2 into L2 (producer_l2_ahead)")
-    ap.add_argument("--early", action="store_true", help="the releases moved up (early_releases)")
+    ap.add_argument("--form", choices=sorted(FORMS), default="library", help="the seesaw form probed")
     args = ap.parse_args(argv)
 
     import torch
@@ -124,11 +127,10 @@ def main(argv=None) -> int:
     print(torch.cuda.get_device_name(0), flush=True)
     for spec in args.config or ["64,32,2,128,1024"]:
         cfg = grid.Config(*(int(x) for x in spec.split(",")))
-        _, buf, graph = probe_graph(cfg, lambda base: probe_class(base, args.producer, args.l2_ahead, args.early), (MAX_CTAS, SLOTS),
+        _, buf, graph = probe_graph(cfg, lambda base: probe_class(base, FORMS[args.form]), (MAX_CTAS, SLOTS),
                                     variant="seesaw")
         times = replay_last_clean(graph, buf, args.replays)
-        form = ("seesaw, producer warpgroup" + (", L2 ahead" if args.l2_ahead else "")) if args.producer else "seesaw"
-        form += ", early releases" if args.early else ""
+        form = "seesaw" if args.form == "library" else f"seesaw ({args.form})"
         report(f"{cfg.label()} {form} (median replay {statistics.median(times):.1f} us)", buf.cpu())
     return 0
 
