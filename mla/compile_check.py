@@ -101,8 +101,8 @@ PROMISES = {
     "seesaw": dict(need=("HGMMA", "UTMALDG"), forbid=("LDL", "STL")),
 }
 # seesaw on the TMA page sizes has a producer warpgroup (pipelines.variant_seesaw.PRODUCER_REGISTERS, also
-# 3 x 168 at 384 threads) that prefetches the next fill of each stage into L2 (UTMAPF); on the gather pages
-# its two warpgroups load (256 threads, no setmaxnreg).
+# 3 x 168 at 384 threads) that, in a multicast cluster, prefetches the next fill of each stage into L2
+# (UTMAPF); on the gather pages its two warpgroups load (256 threads, no setmaxnreg).
 SEESAW_PRODUCER_REGISTERS = 168
 
 # (dtype, h_q, s_q, causal, page_size, multicast) of the decode kernels checked per variant: a 2-CTA
@@ -175,8 +175,13 @@ def targets(variants: list[str]) -> list[Target]:
             registers = p.get("registers")
             if v == "seesaw":
                 if paged_kv.uses_tma(page):
-                    need += ("USETMAXREG", "UTMAPF")
+                    need += ("USETMAXREG",)
                     registers = SEESAW_PRODUCER_REGISTERS
+                    # the producer's L2 prefetch of each stage's next fill, in a multicast cluster only
+                    if "UTMALDG_MULTICAST" in need:
+                        need += ("UTMAPF",)
+                    else:
+                        forbid += ("UTMAPF",)
                 else:
                     forbid += ("USETMAXREG",)
             if v == "2wg":  # short chunks prefetched into L2 (MLADecode2WG.l2_prefetch_chunk_tiles): TMA only

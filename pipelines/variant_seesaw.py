@@ -38,16 +38,15 @@ the column blocks of the group that lands first first. P0 goes into the RoPE blo
 skeleton's P tile. The smem plan is the skeleton's (Q 72 KB + 2 stages 144 KB + P 8 KB).
 Who loads (``producer_warpgroup``): on the TMA page sizes a third warpgroup (warpgroup 0 of 384 threads;
 the scoring warpgroups are 1 and 2, 24 / 240 / 240 registers after setmaxnreg) issues every load: Q per
-request, then each tile's G0 and G1 as their empty barriers free, and right after loading tile t the L2
-prefetch of tile t + 2, the stage's next fill (``producer_l2_ahead``). The next request's Q and first
+request, then each tile's G0 and G1 as their empty barriers free, and in a multicast cluster right after
+loading tile t the L2 prefetch of tile t + 2, the stage's next fill (``producer_l2_ahead``). The next request's Q and first
 tiles go out while the current chunk still computes. On the gather pages (whose copies need the producer
 threads' registers) the scoring warpgroups load instead: WG0 every G0 and Q, WG1 every G1, each group
-by the warpgroup that finishes with it last. ``early_releases`` moves two releases up the loops that
-``scripts/seesaw_timeline.py`` shows bound the iteration (a refill lands about 2400 cycles after its
-release, on the next QK's path): WG0 releases G0 of t1 between the two halves of QK(t0'), WG1 releases
-G1 of t0 right after its softmax. Measured paired on an H100 (docs/perf-notes.md, thirtieth session)
-the three together make the seesaw 1-6% faster than the consumer-loaded form, and 9-6% more without
-the multicast cluster; it still trails 2wg by 13-20%.
+by the warpgroup that finishes with it last. With the producer, ``early_releases`` moves two releases up
+the loops that ``scripts/seesaw_timeline.py`` shows bound the iteration (a refill lands about 2400 cycles
+after its release, on the next QK's path): WG0 releases G0 of t1 between the two halves of QK(t0'), WG1
+releases G1 of t0 right after its softmax. Measured paired on an H100 (docs/perf-notes.md, thirtieth
+session) this form is 1-6% faster than the consumer-loaded one and still trails 2wg by 13-20%.
 
 Named barriers (``Bar``, 256 threads unless noted): M0 (WG0 -> WG1: m0 and P0 written), M1 (WG1 ->
 WG0: P1 and m1 written), SUM (WG1 -> WG0: WG1's row sums written at a chunk's end), INV (WG0 -> WG1:
@@ -111,16 +110,18 @@ class MLADecodeSeesaw(MLADecodeBase):
     # setmaxnreg in ``PRODUCER_REGISTERS`` (384 threads start at 168: a pool of 3 x 168).
     producer_warpgroup = True
     PRODUCER_REGISTERS = (24, 240, 240)
-    # With the producer warpgroup: right after loading tile t, its warps prefetch into L2 their box of tile
-    # t + 2 (the stage's next fill, which goes out only once the pair's P.Vs release the stage), so that fill
-    # reads L2. Why: with the producer, ``seesaw_timeline.py`` shows a refill landing about 2400 cycles after
-    # its release, on the next QK's path. A class constant (an A/B sets it on a subclass).
+    # With the producer warpgroup in a multicast cluster (``l2_ahead``): right after loading tile t, its warps
+    # prefetch into L2 their box of tile t + 2 (the stage's next fill, which goes out only once the pair's
+    # P.Vs release the stage), so that fill reads L2. Why: with the producer, ``seesaw_timeline.py`` shows a
+    # refill landing about 2400 cycles after its release, on the next QK's path. A class constant (an A/B
+    # sets it on a subclass).
     producer_l2_ahead = True
     # Releases moved up the critical loops ``seesaw_timeline.py`` shows (each refill lands about 2400 cycles
     # after its release, on a QK's path): WG0 issues QK(t0') as two commit groups and releases G0 of t1
     # between them, once PV_L(t1) retired, instead of after the whole QK (whose G1 half waits for its
     # refill); WG1 releases G1 of t0 right after its softmax of t1 (PV_R(t0) has retired by then) instead of
-    # after P1's hand-off; WG1's QK(t1') then takes G0's blocks first. A class constant (an A/B sets it).
+    # after P1's hand-off; WG1's QK(t1') then takes G0's blocks first. With the producer only (``early``). A
+    # class constant (an A/B sets it).
     early_releases = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
@@ -131,6 +132,11 @@ class MLADecodeSeesaw(MLADecodeBase):
         if self.with_producer:
             self.num_threads = 384
             assert sum(self.PRODUCER_REGISTERS) <= 3 * 168
+        # Where each was measured to help (docs/perf-notes.md, thirtieth session, H100, paired): the L2
+        # prefetch only in a multicast cluster (128+ rows: 1-4% faster; at 64 rows, memory-bound, 15-19%
+        # slower); the early releases only with the producer (without it 0-1.4% slower).
+        self.l2_ahead = self.producer_l2_ahead and self.with_producer and self.cluster > 1
+        self.early = self.early_releases and self.with_producer
 
     def make_pipelines(self, storage):
         """Q as in the skeleton (both warpgroups consume it); K: one pipeline per column group over the
@@ -343,7 +349,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                     self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, blk, seqlen, kv_head, wg_tidx,
                                           cols=G1_COLS)
                     p1.advance()
-                    if const_expr(self.producer_l2_ahead):
+                    if const_expr(self.l2_ahead):
                         if blk + 2 * C < stop:
                             page = self.loader.page_id(mBlockTable, r, blk + 2 * C, seqlen, wg_tidx)
                             self.loader.prefetch_tile(tma_k, mK, sK, blk + 2 * C, kv_head, page, wg_tidx)
@@ -575,7 +581,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.pv(False, acc_o, tOrP_other, tOrV_ss, stage_b, True)
                 warpgroup.commit_group()
                 self.mark(8, wg_tidx, full)
-                if const_expr(self.early_releases):
+                if const_expr(self.early):
                     # QK(t0') in two commit groups: G0's blocks, then (PV_L(t1) retired) G0 of t1 released
                     # before the wait for G1's blocks, which land last.
                     mma_qk, _, _ = self.tiled_mmas()
@@ -655,7 +661,7 @@ class MLADecodeSeesaw(MLADecodeBase):
             # read the previous P1 retired before WG0 arrived on this iteration's M0.
             rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
             rP.store(acc_s.load().to(self.dtype))
-            if const_expr(self.early_releases):
+            if const_expr(self.early):
                 # PV_R(t0) has had the softmax's time: G1 of t0 (P.V and P0 read) released before P1's hand-off.
                 warpgroup.wait_group(0)
                 self.mark(18, wg_tidx, full)
@@ -666,7 +672,7 @@ class MLADecodeSeesaw(MLADecodeBase):
             cute.arch.fence_view_async_shared()
             self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
             self.mark(17, wg_tidx, full)
-            if const_expr(not self.early_releases):
+            if const_expr(not self.early):
                 warpgroup.wait_group(0)
                 self.mark(18, wg_tidx, full)
                 self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: P.V and P0 read; refill it now
@@ -702,7 +708,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 m0s.advance()
                 m1s.advance()
                 self.mark(22, wg_tidx, full)
-                if const_expr(self.early_releases):  # G0 of t1' is released first now (WG0's QK(t0') split)
+                if const_expr(self.early):  # G0 of t1' is released first now (WG0's QK(t0') split)
                     self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, G0_COLS, G1_COLS, pipe_g0, m0s,
                                              pipe_g1, m1s)
                 else:
