@@ -101,8 +101,8 @@ PROMISES = {
     "seesaw": dict(need=("HGMMA", "UTMALDG"), forbid=("LDL", "STL")),
 }
 # seesaw on the TMA page sizes has a producer warpgroup (pipelines.variant_seesaw.PRODUCER_REGISTERS, also
-# 3 x 168 at 384 threads) that, in a multicast cluster, prefetches the next fill of each stage into L2
-# (UTMAPF); on the gather pages its two warpgroups load (256 threads, no setmaxnreg).
+# 3 x 168 at 384 threads) that, where several m-blocks read each tile, prefetches the next fill of each
+# stage into L2 (UTMAPF); on the gather pages its two warpgroups load (256 threads, no setmaxnreg).
 SEESAW_PRODUCER_REGISTERS = 168
 
 # (dtype, h_q, s_q, causal, page_size, multicast) of the decode kernels checked per variant: a 2-CTA
@@ -177,8 +177,8 @@ def targets(variants: list[str]) -> list[Target]:
                 if paged_kv.uses_tma(page):
                     need += ("USETMAXREG",)
                     registers = SEESAW_PRODUCER_REGISTERS
-                    # the producer's L2 prefetch of each stage's next fill, in a multicast cluster only
-                    if "UTMALDG_MULTICAST" in need:
+                    # the producer's L2 prefetch of each stage's next fill, where several m-blocks read a tile
+                    if -(-h_q * s_q // 64) > 1:
                         need += ("UTMAPF",)
                     else:
                         forbid += ("UTMAPF",)

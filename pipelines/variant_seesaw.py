@@ -38,8 +38,8 @@ the column blocks of the group that lands first first. P0 goes into the RoPE blo
 skeleton's P tile. The smem plan is the skeleton's (Q 72 KB + 2 stages 144 KB + P 8 KB).
 Who loads (``producer_warpgroup``): on the TMA page sizes a third warpgroup (warpgroup 0 of 384 threads;
 the scoring warpgroups are 1 and 2, 24 / 240 / 240 registers after setmaxnreg) issues every load: Q per
-request, then each tile's G0 and G1 as their empty barriers free, and in a multicast cluster right after
-loading tile t the L2 prefetch of tile t + 2, the stage's next fill (``producer_l2_ahead``). The next request's Q and first
+request, then each tile's G0 and G1 as their empty barriers free, and (128+ rows) right after loading
+tile t the L2 prefetch of tile t + 2, the stage's next fill (``producer_l2_ahead``). The next request's Q and first
 tiles go out while the current chunk still computes. On the gather pages (whose copies need the producer
 threads' registers) the scoring warpgroups load instead: WG0 every G0 and Q, WG1 every G1, each group
 by the warpgroup that finishes with it last. With the producer, ``early_releases`` moves two releases up
@@ -111,11 +111,11 @@ class MLADecodeSeesaw(MLADecodeBase):
     # setmaxnreg in ``PRODUCER_REGISTERS`` (384 threads start at 168: a pool of 3 x 168).
     producer_warpgroup = True
     PRODUCER_REGISTERS = (24, 240, 240)
-    # With the producer warpgroup in a multicast cluster (``l2_ahead``): right after loading tile t, its warps
-    # prefetch into L2 their box of tile t + 2 (the stage's next fill, which goes out only once the pair's
-    # P.Vs release the stage), so that fill reads L2. Why: with the producer, ``seesaw_timeline.py`` shows a
-    # refill landing about 2400 cycles after its release, on the next QK's path. A class constant (an A/B
-    # sets it on a subclass).
+    # With the producer warpgroup, where several m-blocks read each tile (``l2_ahead``): right after loading
+    # tile t, its warps prefetch into L2 their box of tile t + 2 (the stage's next fill, which goes out only
+    # once the pair's P.Vs release the stage), so that fill reads L2. Why: with the producer,
+    # ``seesaw_timeline.py`` shows a refill landing about 2400 cycles after its release, on the next QK's
+    # path. A class constant (an A/B sets it on a subclass).
     producer_l2_ahead = True
     # Releases moved up the critical loops ``seesaw_timeline.py`` shows (each refill lands about 2400 cycles
     # after its release, on a QK's path): WG0 issues QK(t0') as two commit groups and releases G0 of t1
@@ -134,9 +134,10 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.num_threads = 384
             assert sum(self.PRODUCER_REGISTERS) <= 3 * 168
         # Where each was measured to help (docs/perf-notes.md, thirtieth session, H100, paired): the L2
-        # prefetch only in a multicast cluster (128+ rows: 1-4% faster; at 64 rows, memory-bound, 15-19%
-        # slower); the early releases only with the producer (without it 0-1.4% slower).
-        self.l2_ahead = self.producer_l2_ahead and self.with_producer and self.cluster > 1
+        # prefetch only where several m-blocks read each tile (128+ rows: 1-4% faster with the multicast
+        # cluster, more without it; at 64 rows, one m-block, memory-bound: 15-19% slower); the early releases
+        # only with the producer (without it 0-1.4% slower).
+        self.l2_ahead = self.producer_l2_ahead and self.with_producer and self.num_m_blocks > 1
         self.early = self.early_releases and self.with_producer
 
     def make_pipelines(self, storage):

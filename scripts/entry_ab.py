@@ -86,6 +86,7 @@ MODES = {
     "seesaw-producer": ("seesaw", dict(producer_l2_ahead=False, early_releases=False), False),  # the producer alone
     "seesaw-producer-l2": ("seesaw", dict(early_releases=False), False),  # + tile t+2 into L2
     "seesaw-early": ("seesaw", dict(producer_warpgroup=False, producer_l2_ahead=False), False),  # early releases alone
+    "seesaw-no-l2": ("seesaw", dict(producer_l2_ahead=False), True),  # the library's without the L2 prefetch
 }
 
 
