@@ -585,7 +585,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.mark(8, wg_tidx, full)
                 if const_expr(self.early):
                     # QK(t0') in two commit groups: G0's blocks, then (PV_L(t1) retired) G0 of t1 released
-                    # before the wait for G1's blocks, which land last.
+                    # before the wait for G1's blocks, which land last. (Only with the producer: no refill here.)
                     mma_qk, _, _ = self.tiled_mmas()
                     self.loader.consumer_wait(pipe_g0, n0)
                     warpgroup.fence()
@@ -593,13 +593,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                     warpgroup.commit_group()
                     warpgroup.wait_group(1)
                     self.mark(10, wg_tidx, full)
-                    self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: P.V done; refill it now
-                    if const_expr(not self.with_producer):
-                        if is_producer:
-                            if t1 + 2 * C < stop:
-                                self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t1 + 2 * C, seqlen,
-                                                kv_head, wg_tidx, page=page_b, cols=G0_COLS)
-                                prod.advance()
+                    self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: P.V done; the producer refills it
                     self.loader.consumer_wait(pipe_g1, n1)
                     warpgroup.fence()
                     self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G1_COLS, False)
