@@ -120,8 +120,7 @@ def decode_case(variant: str, seqlens, page_size: int, s_q: int, h_q: int, h_kv:
 def _gpu_case(variant, page_size, s_q, h_q, h_kv, causal, split, multicast) -> tuple[bool, int]:
     from pipelines import paged_kv
 
-    m_blocks = -(-s_q * h_q // h_kv // 64)
-    cluster = paged_kv.cluster_size(page_size, m_blocks, multicast and split == 1)
+    cluster = pipelines.multicast_cluster(page_size, s_q * h_q // h_kv, variant) if multicast and split == 1 else 1
     name = (f"{variant} (page {page_size} {'TMA' if paged_kv.uses_tma(page_size) else 'cp.async'}"
             f"{f', cluster {cluster}' if cluster > 1 else ''}{f', split cluster {split}' if split > 1 else ''}, "
             f"s_q {s_q}, h_q {h_q}, h_kv {h_kv}{', causal' if causal else ''})")

@@ -155,7 +155,9 @@ def targets(variants: list[str]) -> list[Target]:
         for dtype, h_q, s_q, causal, page, multicast, *rest in DECODE_CONFIGS:
             split_cluster = rest[0] if rest else 1
             partial = rest[1] if len(rest) > 1 else None
-            need, forbid = loader_promises(page, h_q, s_q, multicast, split_cluster)
+            # (seesaw runs no multicast cluster: pipelines.MULTICAST_VARIANTS)
+            need, forbid = loader_promises(page, h_q, s_q, multicast and v in pipelines.MULTICAST_VARIANTS,
+                                           split_cluster)
             if split_cluster == 1:  # O into out through skeleton.store_rows_16 (a split cluster's ranks
                 need += ("STG_128",)  # store from the DSMEM exchange instead)
             if v == "2wg" and variant_2wg_narrow.serves(h_q * s_q, split_cluster):

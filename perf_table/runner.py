@@ -117,18 +117,18 @@ def select_variants(available: list[str], known: Iterable[str], requested: str |
 
 def build_plan(variants: list[str], supported_page_sizes: Callable[[str], tuple[int, ...]], quick: bool,
                page_sizes: Iterable[int] | None = None,
-               multicast_cluster: Callable[[int, int], int] = lambda page_size, rows: 1,
+               multicast_cluster: Callable[..., int] = lambda page_size, rows, variant=None: 1,
                auto: bool = True) -> list[tuple[str, grid.Config]]:
     """(pipeline, config) pairs in run order: page size by page size, config by config (the grid's
     order), a config's rows back to back (``run_one`` times them on the same inputs).
 
     A variant runs the grid's page sizes (64, 16, 1) that it supports, narrowed to ``page_sizes``
-    when given. A config for which ``multicast_cluster(page_size, h_q * s_q)`` is a cluster (> 1)
-    runs twice per variant, multicast on then off (the A/B pair); the others once. With ``auto``,
+    when given. A variant for which ``multicast_cluster(page_size, h_q * s_q, variant)`` is a cluster
+    (> 1) runs the config twice, multicast on then off (the A/B pair); the others once. With ``auto``,
     a config that two or more variants run also gets an ``"auto"`` row on its default path
-    (multicast on where there is a cluster): ``pipeline="auto"``'s choice, timed beside the variants
-    it chooses between. Per config: each variant's default-path row, the auto row, then each
-    variant's multicast-off row.
+    (multicast on where any of them has a cluster): ``pipeline="auto"``'s choice, timed beside the
+    variants it chooses between. Per config: each variant's default-path row, the auto row, then each
+    clustered variant's multicast-off row.
     """
     wanted = set(page_sizes) if page_sizes else set(grid.PAGE_SIZES)
     pages_of = {v: set(grid.grid_page_sizes(tuple(supported_page_sizes(v)))) & wanted for v in variants}
@@ -138,13 +138,12 @@ def build_plan(variants: list[str], supported_page_sizes: Callable[[str], tuple[
         if not measured:
             continue
         for cfg in grid.quick_grid((page,)) if quick else grid.full_grid((page,)):
-            cluster = multicast_cluster(cfg.page_size, cfg.h_q * cfg.s_q) > 1
-            default = dataclasses.replace(cfg, multicast=True) if cluster else cfg
-            plan += [(v, default) for v in measured]
+            clustered = [v for v in measured if multicast_cluster(cfg.page_size, cfg.h_q * cfg.s_q, v) > 1]
+            on = dataclasses.replace(cfg, multicast=True)
+            plan += [(v, on if v in clustered else cfg) for v in measured]
             if auto and len(measured) >= 2:
-                plan.append((AUTO, default))
-            if cluster:
-                plan += [(v, dataclasses.replace(cfg, multicast=False)) for v in measured]
+                plan.append((AUTO, on if clustered else cfg))
+            plan += [(v, dataclasses.replace(cfg, multicast=False)) for v in clustered]
     return plan
 
 

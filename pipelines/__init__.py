@@ -37,12 +37,22 @@ def supported_page_sizes(variant: str) -> tuple[int, ...]:
     return PAGE_SIZES
 
 
-def multicast_cluster(page_size: int, rows: int) -> int:
-    """CTAs per TMA multicast cluster the kernels launch for ``page_size`` and ``rows`` query rows per kv
-    head (``h_q * s_q / h_kv``) while multicast is on (``MLA_MULTICAST`` unset or 1); 1 means no
-    cluster, so ``MLA_MULTICAST=0`` changes nothing for that configuration."""
+# Variants whose m-block CTAs share K tiles through a TMA multicast cluster where ``paged_kv.cluster_size``
+# gives one (``MLA_MULTICAST`` unset or 1). seesaw never does (``MLADecodeSeesaw.multicast_cluster``): in one
+# H100 perf run its 49 cluster configurations of page 64 ran 5.7% faster without the cluster (geomean; a
+# multicast refill waits for both CTAs' releases, and the seesaw's iteration is bound by its refills),
+# where 2wg's do not (docs/perf-notes.md, thirtieth session).
+MULTICAST_VARIANTS = ("2wg", "3wg")
+
+
+def multicast_cluster(page_size: int, rows: int, variant: str | None = None) -> int:
+    """CTAs per TMA multicast cluster the kernels (``variant``'s, if given) launch for ``page_size`` and
+    ``rows`` query rows per kv head (``h_q * s_q / h_kv``) while multicast is on (``MLA_MULTICAST``
+    unset or 1); 1 means no cluster, so ``MLA_MULTICAST=0`` changes nothing for that configuration."""
     from pipelines import paged_kv
 
+    if variant is not None and variant not in MULTICAST_VARIANTS:
+        return 1
     return paged_kv.cluster_size(page_size, -(-rows // 64), True)
 
 

@@ -138,8 +138,11 @@ class DecodeConfig:
              num_heads_k: int = 1, multicast: bool = True, partial=None, split_cluster: int = 1) -> "DecodeConfig":
         """``partial``: dtype of the split-kv partials, ``"float32"`` or the input dtype (None: the
         default, ``DEFAULT_PARTIAL``). ``split_cluster``: the plan's split-cluster size
-        (``split_k.planner.split_cluster``); a split cluster excludes the multicast cluster."""
-        from pipelines import paged_kv
+        (``split_k.planner.split_cluster``); a split cluster excludes the multicast cluster, and so does
+        a variant outside ``pipelines.MULTICAST_VARIANTS``."""
+        from pipelines import MULTICAST_VARIANTS, paged_kv
+
+        multicast = bool(multicast) and variant in MULTICAST_VARIANTS
 
         # m-blocks per kv head: a CTA's rows are the heads_per_kv * s_q rows of one kv head.
         m_blocks = -(-(int(num_heads_q) // int(num_heads_k)) * int(seqlen_q) // 64)

@@ -125,9 +125,17 @@ class MLADecodeSeesaw(MLADecodeBase):
     # class constant (an A/B sets it).
     early_releases = True
 
+    # No TMA multicast cluster (``pipelines.MULTICAST_VARIANTS``): each CTA loads its own tiles. Why: a multicast
+    # refill waits for both CTAs' releases, and the iteration is bound by its refills; in one H100 perf run
+    # the 49 cluster configurations of page 64 ran 5.7% faster without it (geomean, 0.893 to 1.018;
+    # docs/perf-notes.md, thirtieth session). A class constant (an A/B sets it True on a subclass, built with
+    # multicast on).
+    multicast_cluster = False
+
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
-        super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, multicast, split_cluster)
+        super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k,
+                         multicast and self.multicast_cluster, split_cluster)
         # Only the TMA paths: the cp.async gather needs the producer threads' registers for its addresses.
         self.with_producer = self.producer_warpgroup and paged_kv.uses_tma(page_size)
         if self.with_producer:

@@ -87,6 +87,7 @@ MODES = {
     "seesaw-producer-l2": ("seesaw", dict(early_releases=False), False),  # + tile t+2 into L2
     "seesaw-early": ("seesaw", dict(producer_warpgroup=False, producer_l2_ahead=False), False),  # early releases alone
     "seesaw-no-l2": ("seesaw", dict(producer_l2_ahead=False), True),  # the library's without the L2 prefetch
+    "seesaw-mc": ("seesaw", dict(multicast_cluster=True), True),  # in a multicast cluster (the config's, 2wg's)
 }
 
 

@@ -286,6 +286,7 @@ def test_decode_config_key_normalises_and_distinguishes():
     # 128 rows at a TMA page size: two m-blocks, a 2-CTA cluster unless multicast is off.
     assert DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False).cluster == 2
     assert DecodeConfig.make("2wg", "bfloat16", 128, 1, 64, False, multicast=False).cluster == 1
+    assert DecodeConfig.make("seesaw", "bfloat16", 128, 1, 64, False).cluster == 1  # no multicast cluster
     others = [DecodeConfig.make("2wg", "float16", 16, 1, 64, False), DecodeConfig.make("2wg", "bfloat16", 32, 1, 64, False),
               DecodeConfig.make("2wg", "bfloat16", 16, 2, 64, False), DecodeConfig.make("2wg", "bfloat16", 16, 2, 64, True),
               DecodeConfig.make("2wg", "bfloat16", 16, 1, 16, False), DecodeConfig.make("2wg", "bfloat16", 16, 1, 64, False, 2),

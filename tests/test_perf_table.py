@@ -153,6 +153,22 @@ def test_plan_times_auto_on_the_default_path_beside_both_variants():
     assert len(plan) == 2 * (3 * 124 + 2 * (3 * 5 * 3 + 4)) + 3 * 124
 
 
+def test_plan_times_only_the_clustered_variants_twice():
+    import pipelines
+
+    pages = {"2wg": (1, 16, 64), "seesaw": (1, 16, 64)}
+    plan = runner.build_plan(["2wg", "seesaw"], pages.__getitem__, quick=False,
+                             multicast_cluster=pipelines.multicast_cluster)
+    cfg = Config(64, 8, 1, 128, 4096)
+    on, off = dataclasses.replace(cfg, multicast=True), dataclasses.replace(cfg, multicast=False)
+    i = plan.index(("2wg", on))
+    # seesaw runs no multicast cluster (pipelines.MULTICAST_VARIANTS): one row, no A/B half
+    assert plan[i:i + 4] == [("2wg", on), ("seesaw", cfg), ("auto", on), ("2wg", off)]
+    assert all(c.multicast is None for v, c in plan if v == "seesaw")
+    assert pipelines.multicast_cluster(64, 128) == pipelines.multicast_cluster(64, 128, "2wg") == 2
+    assert pipelines.multicast_cluster(64, 128, "seesaw") == 1
+
+
 def test_plan_times_multicast_configs_twice():
     import pipelines
 
