@@ -46,8 +46,9 @@ by the warpgroup that finishes with it last. With the producer, ``early_releases
 the loops that ``scripts/seesaw_timeline.py`` shows bound the iteration (a refill lands about 2400 cycles
 after its release, on the next QK's path): WG0 releases G0 of t1 between the two halves of QK(t0'), WG1
 releases G1 of t0 right after its softmax. Measured paired on an H100 (docs/perf-notes.md, thirtieth
-session) this form is up to 5% faster than the consumer-loaded one (0.4-1.2% slower at b128 s2 h128 4096) and
-still trails 2wg by 13-21% at 128 and 256 rows.
+session) this form is up to 5% faster than the consumer-loaded one (0.4-1.2% slower at b128 s2 h128 4096); with
+no multicast cluster (``multicast_cluster``) another 6-10% on an H200, where it still trails 2wg by 10-13% at
+128 and 256 rows.
 
 Named barriers (``Bar``, 256 threads unless noted): M0 (WG0 -> WG1: m0 and P0 written), M1 (WG1 ->
 WG0: P1 and m1 written), SUM (WG1 -> WG0: WG1's row sums written at a chunk's end), INV (WG0 -> WG1:
