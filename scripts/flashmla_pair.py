@@ -85,7 +85,7 @@ def main(argv=None) -> int:
         for extra in args.also:
             outs[extra] = torch.empty_like(ref)
             fns[extra] = bench.make_decode_fn(mla, extra, cfg, inp, out=outs[extra])
-        if args.mc_off and pipelines.multicast_cluster(cfg.page_size, cfg.h_q * cfg.s_q) > 1:
+        if args.mc_off and pipelines.multicast_cluster(cfg.page_size, cfg.h_q * cfg.s_q, args.variant) > 1:
             outs["ours-mc-off"] = torch.empty_like(ref)
             with runner.multicast_env(False):
                 fns["ours-mc-off"] = bench.make_decode_fn(mla, args.variant, cfg, inp, out=outs["ours-mc-off"])
