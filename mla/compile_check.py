@@ -94,16 +94,19 @@ class Target:
 # 3wg also promises its entry register count: its setmaxnreg budgets (pipelines.variant_3wg
 # REGISTERS_*) add up to exactly 3 x 168, the pool of 384 threads at 168 registers each; a kernel
 # that started with fewer would leave a consumer's setmaxnreg.inc waiting forever for registers.
+# Registers per thread a kernel with a producer warpgroup starts with: 384 threads at one CTA per SM
+# (= pipelines.variant_3wg.ENTRY_REGISTERS; that module imports the DSL). Its setmaxnreg budgets add up to
+# 3 x this; a kernel that started with fewer would leave a setmaxnreg.inc waiting forever.
+PRODUCER_ENTRY_REGISTERS = 168
 PROMISES = {
     "2wg": dict(need=("HGMMA", "UTMALDG"), forbid=("LDL", "STL", "USETMAXREG")),
     "3wg": dict(need=("HGMMA", "UTMALDG", "USETMAXREG"), forbid=("LDL", "STL"),
-                registers=168),  # = pipelines.variant_3wg.ENTRY_REGISTERS (that module imports the DSL)
+                registers=PRODUCER_ENTRY_REGISTERS),
     "seesaw": dict(need=("HGMMA", "UTMALDG"), forbid=("LDL", "STL")),
 }
 # seesaw on the TMA page sizes has a producer warpgroup (pipelines.variant_seesaw.PRODUCER_REGISTERS, also
-# 3 x 168 at 384 threads) that, where several m-blocks read each tile, prefetches the next fill of each
+# 3 x PRODUCER_ENTRY_REGISTERS) that, where several m-blocks read each tile, prefetches the next fill of each
 # stage into L2 (UTMAPF); on the gather pages its two warpgroups load (256 threads, no setmaxnreg).
-SEESAW_PRODUCER_REGISTERS = 168
 
 # (dtype, h_q, s_q, causal, page_size, multicast) of the decode kernels checked per variant: a 2-CTA
 # multicast cluster (128 rows, TMA page 64), TMA pages without a cluster (one m-block), the cp.async
@@ -178,7 +181,7 @@ def targets(variants: list[str]) -> list[Target]:
             if v == "seesaw":
                 if paged_kv.uses_tma(page):
                     need += ("USETMAXREG",)
-                    registers = SEESAW_PRODUCER_REGISTERS
+                    registers = PRODUCER_ENTRY_REGISTERS
                     # the producer's L2 prefetch of each stage's next fill, where several m-blocks read a tile
                     if -(-h_q * s_q // 64) > 1:
                         need += ("UTMAPF",)

@@ -77,7 +77,7 @@ MODES = {
     "2wg-kg2-qk-ahead-nowait": ("2wg", dict(kv_groups=2, qk_ahead=True, qk_ahead_waits_pv=False), True),
     "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
-    "seesaw": ("seesaw", None, False),  # the library's (TMA pages: producer warpgroup, early releases; L2 ahead in a cluster)
+    "seesaw": ("seesaw", None, False),  # the library's (TMA pages: producer warpgroup, early releases, L2 ahead at 128+ rows)
     # the consumer-issued loads of the 29th session (and the early releases off: bit-identical to it)
     "seesaw-29th": ("seesaw", dict(producer_warpgroup=False, producer_l2_ahead=False, early_releases=False), False),
     "seesaw-l2-next": ("seesaw", dict(producer_warpgroup=False, producer_l2_ahead=False, early_releases=False,

@@ -27,6 +27,7 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass._mlir.dialects import llvm  # noqa: E402
 
 from pipelines.variant_seesaw import MLADecodeSeesaw  # noqa: E402
+from entry_ab import MODES  # noqa: E402
 from probe_setup import cta_row  # noqa: E402
 
 EVENTS = (
@@ -43,13 +44,9 @@ EVENTS = (
 )
 WG1_EVENTS = set(range(12, 25)) | {26, 27}
 SLOTS = 2 * len(EVENTS)
-# --form: class constants set on the probed kernel ("library": none)
-FORMS = {
-    "library": {},
-    "29th": dict(producer_warpgroup=False, producer_l2_ahead=False, early_releases=False),  # consumers load
-    "producer": dict(producer_l2_ahead=False, early_releases=False),
-    "producer-l2": dict(early_releases=False),
-}
+# --form: class constants set on the probed kernel ("library": none), those of entry_ab's seesaw modes
+FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-29th", "seesaw-producer",
+                                                                   "seesaw-producer-l2", "seesaw-early")}}
 MAX_CTAS = 1024
 
 

@@ -90,9 +90,9 @@ def test_seesaw_register_promise_matches_its_budget():
     from pipelines import variant_seesaw
 
     budget = variant_seesaw.MLADecodeSeesaw.PRODUCER_REGISTERS
-    assert compile_check.SEESAW_PRODUCER_REGISTERS == 65536 // 384 // 8 * 8
-    assert sum(budget) == 3 * compile_check.SEESAW_PRODUCER_REGISTERS and all(r % 8 == 0 and 24 <= r <= 256
-                                                                               for r in budget)
+    assert compile_check.PRODUCER_ENTRY_REGISTERS == 65536 // 384 // 8 * 8
+    assert sum(budget) == 3 * compile_check.PRODUCER_ENTRY_REGISTERS and all(r % 8 == 0 and 24 <= r <= 256
+                                                                              for r in budget)
 
 
 def test_every_variant_with_a_kernel_has_promises():
