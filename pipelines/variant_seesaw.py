@@ -137,6 +137,9 @@ class MLADecodeSeesaw(MLADecodeBase):
     # With ``box_barriers``: the boxes of each group (G0, G1) per barrier, in the group's column order (all ones:
     # a barrier per box). An A/B sets it to try coarser steps (fewer waits and wgmma fences in the QK chain).
     box_step_sizes = ((1, 1, 1, 1), (1, 1, 1, 1, 1))
+    # QK's K waits poll with ``mbarrier.test_wait`` instead of ``try_wait`` (whose SASS sleeps with
+    # ``NANOSLEEP.SYNCS`` between checks). An A/B constant.
+    qk_wait_spin = False
 
     # No TMA multicast cluster (``pipelines.MULTICAST_VARIANTS``): each CTA loads its own tiles. Why: a multicast
     # refill waits for both CTAs' releases, and the iteration is bound by its refills; in one H100 perf run
@@ -618,17 +621,31 @@ class MLADecodeSeesaw(MLADecodeBase):
             steps = self.box_steps(cols)
             for i in cutlass.range_constexpr(len(steps)):
                 if const_expr(i < len(steps) - 1):
-                    cute.arch.mbarrier_wait(self.box_barrier(storage, state.index, steps[i][0]), state.phase)
+                    self.qk_wait(self.box_barrier(storage, state.index, steps[i][0]), state.phase)
                 else:
-                    self.loader.consumer_wait(pipe, state)
+                    self.qk_wait(pipe.sync_object_full.get_barrier(state.index), state.phase)
                 # A barrier wait is a loop (a branch) inside the wgmma chain: an explicit fence after it, or
                 # ptxas injects one in the loop's divergent path and serializes every wgmma (info C7520).
                 warpgroup.fence()
                 self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, steps[i], starts and i == 0)
         else:
-            self.loader.consumer_wait(pipe, state)
+            if const_expr(self.qk_wait_spin):
+                self.qk_wait(pipe.sync_object_full.get_barrier(state.index), state.phase)
+            else:
+                self.loader.consumer_wait(pipe, state)
             warpgroup.fence()  # (see above)
             self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, cols, starts)
+
+    @cute.jit
+    def qk_wait(self, bar, phase):
+        """Wait for ``phase`` of full barrier ``bar`` in the QK chain: ``try_wait`` (may sleep), or with
+        ``qk_wait_spin`` a ``test_wait`` poll."""
+        if const_expr(self.qk_wait_spin):
+            done = cute.arch.mbarrier_test_wait(bar, phase)
+            while not done:
+                done = cute.arch.mbarrier_test_wait(bar, phase)
+        else:
+            cute.arch.mbarrier_wait(bar, phase)
 
     @cute.jit
     def wait_group(self, pipe, state, cols: cutlass.Constexpr, storage):

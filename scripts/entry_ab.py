@@ -91,6 +91,8 @@ MODES = {
     "seesaw-no-boxes": ("seesaw", dict(box_barriers=False), True),  # one full barrier per column group (30th session)
     "seesaw-g1-halves": ("seesaw", dict(box_step_sizes=((4,), (2, 3))), True),  # G0 whole, G1 in two steps
     "seesaw-box-pairs": ("seesaw", dict(box_step_sizes=((2, 2), (2, 3))), True),  # steps of 2-3 boxes
+    "seesaw-spin": ("seesaw", dict(qk_wait_spin=True), True),  # per-box, QK's waits poll (test_wait)
+    "seesaw-no-boxes-spin": ("seesaw", dict(box_barriers=False, qk_wait_spin=True), True),
 }
 
 
