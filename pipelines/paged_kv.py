@@ -131,8 +131,17 @@ class PagedKVLoader:
         self.tile_bytes = TILE_TOKENS * head_dim * dtype.width // 8
 
     @cute.jit
-    def consumer_wait(self, pipe, state):
-        pipe.consumer_wait(state)
+    def consumer_wait(self, pipe, state, spin: cutlass.Constexpr[bool] = False):
+        """Wait until the stage of ``state`` is full. ``spin``: poll the barrier with ``mbarrier.test_wait``
+        instead of ``try_wait``, whose SASS sleeps between checks (``NANOSLEEP.SYNCS``), so the warp wakes
+        later than the phase completes (a kernel's ``k_wait_spin``)."""
+        if const_expr(spin):
+            bar = pipe.sync_object_full.get_barrier(state.index)
+            done = cute.arch.mbarrier_test_wait(bar, state.phase)
+            while not done:
+                done = cute.arch.mbarrier_test_wait(bar, state.phase)
+        else:
+            pipe.consumer_wait(state)
 
     @cute.jit
     def consumer_release(self, pipe, state):
@@ -484,8 +493,8 @@ class GatherPagedKV(PagedKVLoader):
             consumer_group=pipeline.CooperativeGroup(thread, consumer_warps), defer_sync=True)
 
     @cute.jit
-    def consumer_wait(self, pipe, state):
-        pipe.consumer_wait(state)
+    def consumer_wait(self, pipe, state, spin: cutlass.Constexpr[bool] = False):
+        PagedKVLoader.consumer_wait(self, pipe, state, spin)
         # cp.async writes smem through the generic proxy; wgmma reads it through the async proxy.
         # The mbarrier orders the copies before this thread; the proxy fence then orders them before
         # this thread's wgmma reads.

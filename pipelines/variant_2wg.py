@@ -57,6 +57,10 @@ class MLADecode2WG(MLADecodeBase):
     # 0.96-0.99 at b128 h128 1024, within 1% at 4096-16384 keys on one machine (1.02-1.04 at b128 h128
     # 16384 on another). evict_last was never faster.
     kv_l2_hint = "evict_first"
+    # K stage waits poll (skeleton ``k_wait_spin``): a try_wait that found the stage empty sleeps
+    # (NANOSLEEP.SYNCS) and wakes later than the landing; a poll takes the QK out right away. Being measured
+    # (docs/perf-notes.md, thirty-first session).
+    k_wait_spin = True
     # L2 prefetch distance (TMA pages): each time a stage is refilled with tile t, the K producer warps
     # also prefetch tile t + l2_prefetch_ahead of the chunk into L2 (``paged_kv.TmaPagedKV.prefetch_tile``),
     # so that its load, issued when its stage frees, reads L2; the chunk's first loads prefetch the
@@ -226,7 +230,7 @@ class MLADecode2WG(MLADecodeBase):
         (``k_pipes``)."""
         pipes = self.k_pipes(pipe_k, group)
         for i in cutlass.range_constexpr(len(pipes)):
-            self.loader.consumer_wait(pipes[i], k_state)
+            self.loader.consumer_wait(pipes[i], k_state, self.k_wait_spin)
 
     @cute.jit
     def k_release(self, pipe_k, k_state, group: cutlass.Constexpr[int] = -1):
@@ -390,7 +394,7 @@ class MLADecode2WG(MLADecodeBase):
             self.wg0_softmax_pv(acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max, row_sum,
                                 row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
             if const_expr(self.kv_groups == 1):
-                self.loader.consumer_wait(pipe_k, k_next)
+                self.loader.consumer_wait(pipe_k, k_next, self.k_wait_spin)
                 if const_expr(self.qk_ahead_waits_pv):
                     cute.arch.barrier(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
                 self.issue_qk(acc_s, tSrQ, tSrK, k_next.index)

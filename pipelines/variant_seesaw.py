@@ -126,27 +126,16 @@ class MLADecodeSeesaw(MLADecodeBase):
     # class constant (an A/B sets it).
     early_releases = True
 
-    # Per-box K barriers (``boxes``): each 64 x 64 box of a group but its last completes on a barrier of its
-    # own (``mbar_box``, one per stage and column block), the last on the group's pipeline barrier, and QK
-    # waits box by box, so a QK starts on the first box that landed. Why: ``seesaw_timeline.py`` shows both
-    # critical loops waiting for a refill's last box (a group's 4-5 copies land about 130 cycles apart, and
-    # a QK takes about as long per box), so the whole landing sat in front of the QK. The empty side stays
-    # per group (releases are per group). Only with the producer warpgroup on the one-box TMA path without a
-    # multicast cluster (each copy is one whole box of this CTA). A class constant (an A/B sets it).
-    box_barriers = True
-    # With ``box_barriers``: the boxes of each group (G0, G1) per barrier, in the group's column order (all ones:
-    # a barrier per box). An A/B sets it to try coarser steps (fewer waits and wgmma fences in the QK chain).
-    box_step_sizes = ((1, 1, 1, 1), (1, 1, 1, 1, 1))
-    # QK's K waits poll with ``mbarrier.test_wait`` instead of ``try_wait`` (whose SASS sleeps with
-    # ``NANOSLEEP.SYNCS`` between checks). An A/B constant.
-    qk_wait_spin = False
-
     # No TMA multicast cluster (``pipelines.MULTICAST_VARIANTS``): each CTA loads its own tiles. Why: a multicast
     # refill waits for both CTAs' releases, and the iteration is bound by its refills; in one H100 perf run
     # the 49 cluster configurations of page 64 ran 5.7% faster without it (geomean, 0.893 to 1.018;
     # docs/perf-notes.md, thirtieth session). A class constant (an A/B sets it True on a subclass, built with
     # multicast on).
     multicast_cluster = False
+    # K stage waits poll (skeleton ``k_wait_spin``) instead of try_wait, which sleeps between checks
+    # (NANOSLEEP.SYNCS). Measured paired on an H100 (QK's waits alone polling; docs/perf-notes.md,
+    # thirty-first session): 3.5% faster at b128 s2 h128 4096, 1% at b32 s2 h128 1024, even at b128 s1 h128 4096.
+    k_wait_spin = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -163,55 +152,17 @@ class MLADecodeSeesaw(MLADecodeBase):
         # only with the producer (without it 0-1.4% slower).
         self.l2_ahead = self.producer_l2_ahead and self.with_producer and self.num_m_blocks > 1
         self.early = self.early_releases and self.with_producer
-        self.boxes = self.box_barriers and self.with_producer and self.spreads_copies() and self.cluster == 1
-        assert [sum(n) for n in self.box_step_sizes] == [len(G0_COLS), len(G1_COLS)]
 
     def make_pipelines(self, storage):
         """Q as in the skeleton (both warpgroups consume it); K: one pipeline per column group over the
         same two stages, each completing on the group's bytes."""
         pipe_q = self.make_q_pipeline(storage)
+        bytes_per_block = BLOCK_N * COL_BLOCK * self.dtype.width // 8
         ptr = storage.mbar_k.data_ptr()
-        # With per-box barriers a group's pipeline barrier receives only the group's last step of boxes.
-        g0_bytes = self.block_bytes() * len(self.box_steps(G0_COLS)[-1])
-        g1_bytes = self.block_bytes() * len(self.box_steps(G1_COLS)[-1])
-        pipe_g0 = self.loader.make_pipeline(ptr, self.k_consumer_warps, tx_bytes=g0_bytes)
-        pipe_g1 = self.loader.make_pipeline(ptr + 2 * self.kv_stages, self.k_consumer_warps, tx_bytes=g1_bytes)
-        if const_expr(self.boxes):
-            self.init_box_barriers(storage)
+        pipe_g0 = self.loader.make_pipeline(ptr, self.k_consumer_warps, tx_bytes=len(G0_COLS) * bytes_per_block)
+        pipe_g1 = self.loader.make_pipeline(ptr + 2 * self.kv_stages, self.k_consumer_warps,
+                                            tx_bytes=len(G1_COLS) * bytes_per_block)
         return pipe_q, (pipe_g0, pipe_g1)
-
-    def box_steps(self, cols) -> tuple:
-        """Column group ``cols`` (``G0_COLS`` or ``G1_COLS``) as the steps of boxes that complete on one
-        barrier each (``box_step_sizes`` with ``boxes``; else the whole group), in column order."""
-        if not self.boxes:
-            return (tuple(cols),)
-        sizes = self.box_step_sizes[0 if tuple(cols) == G0_COLS else 1]
-        starts = [sum(sizes[:i]) for i in range(len(sizes))]
-        return tuple(tuple(cols[a:a + n]) for a, n in zip(starts, sizes))
-
-    def block_bytes(self) -> int:
-        """Bytes of one 64-token x 64-column block of a K tile (one box of a column group)."""
-        return BLOCK_N * COL_BLOCK * self.dtype.width // 8
-
-    def extra_shared_fields(self) -> dict:
-        if self.boxes:  # one full barrier per stage and column block (``box_barriers``)
-            return {"mbar_box": cute.struct.MemRange[cutlass.Int64, self.kv_stages * (HEAD_DIM // COL_BLOCK)]}
-        return {}
-
-    @cute.jit
-    def init_box_barriers(self, storage):
-        """Warp 0 initialises the per-box barriers (one arrival each: the producer's arrive.expect_tx),
-        before the kernel's mbarrier init fence."""
-        if cute.arch.make_warp_uniform(cute.arch.warp_idx()) == 0:
-            with cute.arch.elect_one():
-                for i in cutlass.range_constexpr(self.kv_stages * (HEAD_DIM // COL_BLOCK)):
-                    cute.arch.mbarrier_init(storage.mbar_box.data_ptr() + i, 1)
-
-    @cute.jit
-    def box_barrier(self, storage, stage, col: cutlass.Constexpr[int]):
-        """The full barrier of the step of boxes starting at column block ``col`` of ``stage``
-        (``box_barriers``; one barrier per column block is allocated)."""
-        return storage.mbar_box.data_ptr() + stage * (HEAD_DIM // COL_BLOCK) + col
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
@@ -233,7 +184,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 cute.arch.setmaxregister_decrease(producer_regs)
                 begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
                 self.produce(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-                             tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, sQ, sK, pipe_q, pipe_k, storage)
+                             tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, sQ, sK, pipe_q, pipe_k)
             elif wg == 1:
                 cute.arch.setmaxregister_increase(regs0)
                 begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
@@ -334,7 +285,7 @@ class MLADecodeSeesaw(MLADecodeBase):
             if const_expr(me == 0):
                 if start < stop:  # (an empty chunk has no tile to score)
                     self.issue_qk_two_groups(acc_s, tSrQ, tSrK, g0.index, G0_COLS, G1_COLS, pipe_g0, g0, pipe_g1,
-                                             g1, storage)
+                                             g1)
                     warpgroup.wait_group(0)
                     self.loader.consumer_release(pipe_g1, g1)  # G1 of t0: QK was WG0's only read of it
             else:
@@ -343,12 +294,8 @@ class MLADecodeSeesaw(MLADecodeBase):
                     t1_g1 = g1.clone()
                     t1_g0.advance()
                     t1_g1.advance()
-                    if const_expr(self.early):  # the producer's order: G0 of t1 lands first
-                        self.issue_qk_two_groups(acc_s, tSrQ, tSrK, t1_g1.index, G0_COLS, G1_COLS, pipe_g0, t1_g0,
-                                                 pipe_g1, t1_g1, storage)
-                    else:
-                        self.issue_qk_two_groups(acc_s, tSrQ, tSrK, t1_g1.index, G1_COLS, G0_COLS, pipe_g1, t1_g1,
-                                                 pipe_g0, t1_g0, storage)
+                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, t1_g1.index, G1_COLS, G0_COLS, pipe_g1, t1_g1,
+                                             pipe_g0, t1_g0)
                     warpgroup.wait_group(0)
                     self.loader.consumer_release(pipe_g0, t1_g0)  # G0 of t1: QK was WG1's only read of it
 
@@ -370,13 +317,13 @@ class MLADecodeSeesaw(MLADecodeBase):
                                               seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
                                               row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn, s_m,
                                               tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
-                                              sK, mBlockTable, scale_log2, storage)
+                                              sK, mBlockTable, scale_log2)
                 else:
                     prod = self.wg1_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
                                               seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
                                               row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn, s_m,
                                               tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
-                                              sK, mBlockTable, scale_log2, storage)
+                                              sK, mBlockTable, scale_log2)
                 g0.advance()
                 g1.advance()
                 if has_t1:
@@ -390,7 +337,7 @@ class MLADecodeSeesaw(MLADecodeBase):
 
     @cute.jit
     def produce(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split, tma_q, mQ,
-                tma_k, mK, mBlockTable, mSeqlens, mNumSplits, sQ, sK, pipe_q, pipe_k, storage):
+                tma_k, mK, mBlockTable, mSeqlens, mNumSplits, sQ, sK, pipe_q, pipe_k):
         """The producer warpgroup (``producer_warpgroup``): every load of the work list. Warp 3 loads each
         request's Q; the loader's producer warps load every tile of the chunk, group 0 then group 1, each
         once the stage's group is free (its empty barrier): the order in which the scoring warpgroups
@@ -411,46 +358,19 @@ class MLADecodeSeesaw(MLADecodeBase):
                 q_prod.advance()
             if warp < self.loader.producer_warps:
                 for blk in cutlass.range(start, stop, C, unroll=1):
-                    page = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)  # once for both groups
-                    if const_expr(self.boxes):
-                        self.produce_group(tma_k, mK, sK, pipe_g0, p0, blk, kv_head, page, wg_tidx, G0_COLS, storage)
-                        p0.advance()
-                        self.produce_group(tma_k, mK, sK, pipe_g1, p1, blk, kv_head, page, wg_tidx, G1_COLS, storage)
-                        p1.advance()
-                    else:
-                        self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, blk, seqlen, kv_head,
-                                              wg_tidx, page=page, cols=G0_COLS)
-                        p0.advance()
-                        self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, blk, seqlen, kv_head,
-                                              wg_tidx, page=page, cols=G1_COLS)
-                        p1.advance()
+                    page = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)  # read once for both groups
+                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, blk, seqlen, kv_head, wg_tidx,
+                                          page=page, cols=G0_COLS)
+                    p0.advance()
+                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, blk, seqlen, kv_head, wg_tidx,
+                                          page=page, cols=G1_COLS)
+                    p1.advance()
                     if const_expr(self.l2_ahead):
                         if blk + 2 * C < stop:
                             page = self.loader.page_id(mBlockTable, r, blk + 2 * C, seqlen, wg_tidx)
                             self.loader.prefetch_tile(tma_k, mK, sK, blk + 2 * C, kv_head, page, wg_tidx)
             if const_expr(C > 1):
                 self.cluster_idle()  # the chunk's epilogue barriers (it reduces in the K stages)
-
-    @cute.jit
-    def produce_group(self, tma_k, mK, sK, pipe, prod, blk, kv_head, page, wg_tidx, cols: cutlass.Constexpr,
-                      storage):
-        """With ``boxes``: column group ``cols`` of tile ``blk`` (``page`` its page id) into ``prod``'s stage
-        once the group is free, one copy per 64-column box, each box but the last on its own barrier (an
-        elected arrive.expect_tx of the box's bytes before its copy), the last on the group's barrier
-        (armed with one box's bytes by ``producer_acquire``)."""
-        pipe.producer_acquire(prod)
-        tKsK, tKgK = self.loader.tma_views(tma_k, mK, sK)
-        box_idx, in_page = self.cta_box(blk, wg_tidx)
-        steps = self.box_steps(cols)
-        for i in cutlass.range_constexpr(len(steps)):
-            if const_expr(i < len(steps) - 1):
-                bar = self.box_barrier(storage, prod.index, steps[i][0])
-                with cute.arch.elect_one():
-                    cute.arch.mbarrier_arrive_and_expect_tx(bar, self.block_bytes() * len(steps[i]))
-                self.loader._copy_box(tma_k, tKgK, tKsK, in_page, kv_head, page, box_idx, prod.index, bar, steps[i])
-            else:
-                self.loader._copy_box(tma_k, tKgK, tKsK, in_page, kv_head, page, box_idx, prod.index,
-                                      pipe.producer_get_barrier(prod), steps[i])
 
     @cute.jit
     def finish_chunk(self, me: cutlass.Constexpr[int], wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o,
@@ -601,67 +521,26 @@ class MLADecodeSeesaw(MLADecodeBase):
 
     @cute.jit
     def issue_qk_two_groups(self, acc_s, tSrQ, tSrK, stage, first_cols: cutlass.Constexpr,
-                            second_cols: cutlass.Constexpr, pipe_first, state_first, pipe_second, state_second,
-                            storage):
+                            second_cols: cutlass.Constexpr, pipe_first, state_first, pipe_second, state_second):
         """S = Q.K^T of the tile in ``stage``, behind whatever wgmma group the caller has in flight: the
-        column blocks of the group expected first, then the other group's, each after its full barrier(s);
+        column blocks of the group expected first, then the other group's, each after its full barrier;
         committed as one group, not waited for."""
         mma_qk, _, _ = self.tiled_mmas()  # fresh: its ACCUMULATE state must not escape the caller's branch
-        self.qk_group(mma_qk, acc_s, tSrQ, tSrK, stage, first_cols, pipe_first, state_first, True, storage)
-        self.qk_group(mma_qk, acc_s, tSrQ, tSrK, stage, second_cols, pipe_second, state_second, False, storage)
+        self.loader.consumer_wait(pipe_first, state_first, self.k_wait_spin)
+        # A barrier wait is a loop (a branch) inside the wgmma chain: an explicit fence after it, or ptxas
+        # injects one in the loop's divergent path and serializes every wgmma (info C7520).
+        warpgroup.fence()
+        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, first_cols, True)
+        self.loader.consumer_wait(pipe_second, state_second, self.k_wait_spin)
+        warpgroup.fence()
+        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, second_cols, False)
         warpgroup.commit_group()
-
-    @cute.jit
-    def qk_group(self, mma_qk, acc_s, tSrQ, tSrK, stage, cols: cutlass.Constexpr, pipe, state,
-                 starts: cutlass.Constexpr[bool], storage):
-        """QK's k-steps over column group ``cols`` of the tile in ``stage`` (issued, not committed), each
-        after the barrier that says its data landed: the group's, or with ``boxes`` each box's own (the
-        group's last box on the group's barrier), so the first steps go out as soon as their box is in."""
-        if const_expr(self.boxes):
-            steps = self.box_steps(cols)
-            for i in cutlass.range_constexpr(len(steps)):
-                if const_expr(i < len(steps) - 1):
-                    self.qk_wait(self.box_barrier(storage, state.index, steps[i][0]), state.phase)
-                else:
-                    self.qk_wait(pipe.sync_object_full.get_barrier(state.index), state.phase)
-                # A barrier wait is a loop (a branch) inside the wgmma chain: an explicit fence after it, or
-                # ptxas injects one in the loop's divergent path and serializes every wgmma (info C7520).
-                warpgroup.fence()
-                self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, steps[i], starts and i == 0)
-        else:
-            if const_expr(self.qk_wait_spin):
-                self.qk_wait(pipe.sync_object_full.get_barrier(state.index), state.phase)
-            else:
-                self.loader.consumer_wait(pipe, state)
-            warpgroup.fence()  # (see above)
-            self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, cols, starts)
-
-    @cute.jit
-    def qk_wait(self, bar, phase):
-        """Wait for ``phase`` of full barrier ``bar`` in the QK chain: ``try_wait`` (may sleep), or with
-        ``qk_wait_spin`` a ``test_wait`` poll."""
-        if const_expr(self.qk_wait_spin):
-            done = cute.arch.mbarrier_test_wait(bar, phase)
-            while not done:
-                done = cute.arch.mbarrier_test_wait(bar, phase)
-        else:
-            cute.arch.mbarrier_wait(bar, phase)
-
-    @cute.jit
-    def wait_group(self, pipe, state, cols: cutlass.Constexpr, storage):
-        """Wait until every block of column group ``cols`` of ``state``'s stage landed (before a P.V reads
-        it): the group's barrier, and with ``boxes`` every box's."""
-        if const_expr(self.boxes):
-            steps = self.box_steps(cols)
-            for i in cutlass.range_constexpr(len(steps) - 1):
-                cute.arch.mbarrier_wait(self.box_barrier(storage, state.index, steps[i][0]), state.phase)
-        self.loader.consumer_wait(pipe, state)
 
     @cute.jit
     def wg0_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
                       kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max, acc_s,
                       acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
-                      sK, mBlockTable, scale_log2, storage):
+                      sK, mBlockTable, scale_log2):
         """WG0's half of one iteration; S0 = QK(t0) is in ``acc_s`` (retired). Ends with QK(t0') of the next
         pair retired in ``acc_s``, issued right behind the P.V of t1 so that it runs while WG1 finishes."""
         C = self.split_cluster
@@ -706,7 +585,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         if has_t1:
-            self.wait_group(pipe_g0, b0, G0_COLS, storage)
+            self.loader.consumer_wait(pipe_g0, b0, self.k_wait_spin)
             valid1 = seqlen - t1 * BLOCK_N
             if valid1 < BLOCK_N:
                 self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
@@ -722,17 +601,21 @@ class MLADecodeSeesaw(MLADecodeBase):
                     # QK(t0') in two commit groups: G0's blocks, then (PV_L(t1) retired) G0 of t1 released
                     # before the wait for G1's blocks, which land last. (Only with the producer: no refill here.)
                     mma_qk, _, _ = self.tiled_mmas()
-                    self.qk_group(mma_qk, acc_s, tSrQ, tSrK, n0.index, G0_COLS, pipe_g0, n0, True, storage)
+                    self.loader.consumer_wait(pipe_g0, n0, self.k_wait_spin)
+                    warpgroup.fence()
+                    self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G0_COLS, True)
                     warpgroup.commit_group()
                     warpgroup.wait_group(1)
                     self.mark(10, wg_tidx, full)
                     self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: P.V done; the producer refills it
-                    self.qk_group(mma_qk, acc_s, tSrQ, tSrK, n0.index, G1_COLS, pipe_g1, n1, False, storage)
+                    self.loader.consumer_wait(pipe_g1, n1, self.k_wait_spin)
+                    warpgroup.fence()
+                    self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G1_COLS, False)
                     warpgroup.commit_group()
                     self.mark(9, wg_tidx, full)
                 else:
                     self.issue_qk_two_groups(acc_s, tSrQ, tSrK, n0.index, G0_COLS, G1_COLS, pipe_g0, n0,
-                                             pipe_g1, n1, storage)
+                                             pipe_g1, n1)
                     self.mark(9, wg_tidx, full)
                     warpgroup.wait_group(1)
                     self.mark(10, wg_tidx, full)
@@ -757,7 +640,7 @@ class MLADecodeSeesaw(MLADecodeBase):
     def wg1_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
                       kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max, acc_s,
                       acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
-                      sK, mBlockTable, scale_log2, storage):
+                      sK, mBlockTable, scale_log2):
         """WG1's half of one iteration; S1 = QK(t1) is in ``acc_s`` (retired) when there is a t1. Ends with
         QK(t1') of the next pair retired in ``acc_s`` (issued after WG0's QK(t0'), so WG0's softmax of
         t0' runs beside it)."""
@@ -774,7 +657,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-        self.wait_group(pipe_g1, a1, G1_COLS, storage)
+        self.loader.consumer_wait(pipe_g1, a1, self.k_wait_spin)
         valid0 = seqlen - t0 * BLOCK_N
         if valid0 < BLOCK_N:
             self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
@@ -837,10 +720,10 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.mark(22, wg_tidx, full)
                 if const_expr(self.early):  # G0 of t1' is released first now (WG0's QK(t0') split)
                     self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, G0_COLS, G1_COLS, pipe_g0, m0s,
-                                             pipe_g1, m1s, storage)
+                                             pipe_g1, m1s)
                 else:
                     self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, G1_COLS, G0_COLS, pipe_g1, m1s,
-                                             pipe_g0, m0s, storage)
+                                             pipe_g0, m0s)
                 self.mark(23, wg_tidx, full)
                 warpgroup.wait_group(0)
                 self.mark(24, wg_tidx, full)

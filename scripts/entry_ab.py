@@ -88,11 +88,9 @@ MODES = {
     "seesaw-early": ("seesaw", dict(producer_warpgroup=False, producer_l2_ahead=False), False),  # early releases alone
     "seesaw-no-l2": ("seesaw", dict(producer_l2_ahead=False), True),  # the library's without the L2 prefetch
     "seesaw-mc": ("seesaw", dict(multicast_cluster=True), True),  # in a multicast cluster (the config's, 2wg's)
-    "seesaw-no-boxes": ("seesaw", dict(box_barriers=False), True),  # one full barrier per column group (30th session)
-    "seesaw-g1-halves": ("seesaw", dict(box_step_sizes=((4,), (2, 3))), True),  # G0 whole, G1 in two steps
-    "seesaw-box-pairs": ("seesaw", dict(box_step_sizes=((2, 2), (2, 3))), True),  # steps of 2-3 boxes
-    "seesaw-spin": ("seesaw", dict(qk_wait_spin=True), True),  # per-box, QK's waits poll (test_wait)
-    "seesaw-no-boxes-spin": ("seesaw", dict(box_barriers=False, qk_wait_spin=True), True),
+    # K waits by try_wait (sleeps between checks) instead of polling (``k_wait_spin``; before the 31st session)
+    "seesaw-try": ("seesaw", dict(k_wait_spin=False), True),
+    "2wg-try": ("2wg", dict(k_wait_spin=False), True),
 }
 
 
