@@ -79,9 +79,10 @@ class MLADecodeBase:
     # L2 eviction priority of the K tile loads (TMA pages; ``paged_kv.L2_HINTS``, None: the default
     # policy). A class constant like lazy_rescale (an A/B sets it on a subclass).
     kv_l2_hint = None
-    # The consumers' K stage waits poll the full barrier (``paged_kv.PagedKVLoader.consumer_wait``'s
-    # ``spin``) instead of ``try_wait``, whose SASS sleeps between checks. A variant that uses it reads it
-    # in its K waits; a class constant (an A/B sets it on a subclass).
+    # The K stage waits in front of a QK poll the full barrier (``paged_kv.PagedKVLoader.consumer_wait``'s
+    # ``spin``) instead of ``try_wait``, whose SASS sleeps between checks (``NANOSLEEP.SYNCS``) and may wake
+    # after the stage landed. Only the QK's waits: a warp polling for its P.V's stage would take issue slots
+    # from the other warpgroup's softmax. 2wg and seesaw read it; a class constant (an A/B sets it).
     k_wait_spin = False
     # Programmatic dependent launch of this kernel (``dependent_launch``): the grid may be scheduled
     # while the kernel before it in the stream (the previous decode's merge, the split planner)

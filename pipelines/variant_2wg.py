@@ -57,10 +57,6 @@ class MLADecode2WG(MLADecodeBase):
     # 0.96-0.99 at b128 h128 1024, within 1% at 4096-16384 keys on one machine (1.02-1.04 at b128 h128
     # 16384 on another). evict_last was never faster.
     kv_l2_hint = "evict_first"
-    # K stage waits poll (skeleton ``k_wait_spin``): a try_wait that found the stage empty sleeps
-    # (NANOSLEEP.SYNCS) and wakes later than the landing; a poll takes the QK out right away. Being measured
-    # (docs/perf-notes.md, thirty-first session).
-    k_wait_spin = True
     # L2 prefetch distance (TMA pages): each time a stage is refilled with tile t, the K producer warps
     # also prefetch tile t + l2_prefetch_ahead of the chunk into L2 (``paged_kv.TmaPagedKV.prefetch_tile``),
     # so that its load, issued when its stage frees, reads L2; the chunk's first loads prefetch the
@@ -202,17 +198,17 @@ class MLADecode2WG(MLADecodeBase):
         """WG0: wait for the tile in ``k_state``'s stage and issue its QK as one committed group (not
         waited for). With ``kv_groups`` 2 the chain starts on group A and waits for group B halfway."""
         if const_expr(self.kv_groups == 1):
-            self.k_wait(pipe_k, k_state)
+            self.k_wait(pipe_k, k_state, spin=self.k_wait_spin)
             self.issue_qk(acc_s, tSrQ, tSrK, k_state.index)
         else:
             mma_qk, _, _ = self.tiled_mmas()
-            self.k_wait(pipe_k, k_state, 0)
+            self.k_wait(pipe_k, k_state, 0, self.k_wait_spin)
             if const_expr(not self.kv_groups_qk_split):
-                self.k_wait(pipe_k, k_state, 1)
+                self.k_wait(pipe_k, k_state, 1, self.k_wait_spin)
             warpgroup.fence()  # after the barrier's wait loop (else ptxas serializes the chain)
             self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, k_state.index, self.kv_group_cols[0], True)
             if const_expr(self.kv_groups_qk_split):
-                self.k_wait(pipe_k, k_state, 1)
+                self.k_wait(pipe_k, k_state, 1, self.k_wait_spin)
                 warpgroup.fence()
             self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, k_state.index, self.kv_group_cols[1], False)
             warpgroup.commit_group()
@@ -225,12 +221,12 @@ class MLADecode2WG(MLADecodeBase):
         return [pipe_k[g] for g in (0, 1) if group in (-1, g)]
 
     @cute.jit
-    def k_wait(self, pipe_k, k_state, group: cutlass.Constexpr[int] = -1):
+    def k_wait(self, pipe_k, k_state, group: cutlass.Constexpr[int] = -1, spin: cutlass.Constexpr[bool] = False):
         """Wait for the stage of ``k_state``: the whole tile, or with ``kv_groups`` 2 the group ``group``
-        (``k_pipes``)."""
+        (``k_pipes``); ``spin``: by polling (WG0's QK waits with ``k_wait_spin``)."""
         pipes = self.k_pipes(pipe_k, group)
         for i in cutlass.range_constexpr(len(pipes)):
-            self.loader.consumer_wait(pipes[i], k_state, self.k_wait_spin)
+            self.loader.consumer_wait(pipes[i], k_state, spin)
 
     @cute.jit
     def k_release(self, pipe_k, k_state, group: cutlass.Constexpr[int] = -1):

@@ -132,11 +132,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # docs/perf-notes.md, thirtieth session). A class constant (an A/B sets it True on a subclass, built with
     # multicast on).
     multicast_cluster = False
-    # K stage waits poll (skeleton ``k_wait_spin``) instead of try_wait, which sleeps between checks
-    # (NANOSLEEP.SYNCS). Measured paired on an H100 (QK's waits alone polling; docs/perf-notes.md,
-    # thirty-first session): 3.5% faster at b128 s2 h128 4096, 1% at b32 s2 h128 1024, even at b128 s1 h128 4096.
-    k_wait_spin = True
-
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
         super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k,
@@ -585,7 +580,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         if has_t1:
-            self.loader.consumer_wait(pipe_g0, b0, self.k_wait_spin)
+            self.loader.consumer_wait(pipe_g0, b0)
             valid1 = seqlen - t1 * BLOCK_N
             if valid1 < BLOCK_N:
                 self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
@@ -657,7 +652,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-        self.loader.consumer_wait(pipe_g1, a1, self.k_wait_spin)
+        self.loader.consumer_wait(pipe_g1, a1)
         valid0 = seqlen - t0 * BLOCK_N
         if valid0 < BLOCK_N:
             self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))

@@ -88,9 +88,9 @@ MODES = {
     "seesaw-early": ("seesaw", dict(producer_warpgroup=False, producer_l2_ahead=False), False),  # early releases alone
     "seesaw-no-l2": ("seesaw", dict(producer_l2_ahead=False), True),  # the library's without the L2 prefetch
     "seesaw-mc": ("seesaw", dict(multicast_cluster=True), True),  # in a multicast cluster (the config's, 2wg's)
-    # K waits by try_wait (sleeps between checks) instead of polling (``k_wait_spin``; before the 31st session)
-    "seesaw-try": ("seesaw", dict(k_wait_spin=False), True),
-    "2wg-try": ("2wg", dict(k_wait_spin=False), True),
+    # the K waits in front of a QK poll (test_wait) instead of try_wait (``k_wait_spin``, 31st session)
+    "seesaw-spin": ("seesaw", dict(k_wait_spin=True), True),
+    "2wg-spin": ("2wg", dict(k_wait_spin=True), True),
 }
 
 
