@@ -89,7 +89,7 @@ MODES = {
     "seesaw-no-l2": ("seesaw", dict(producer_l2_ahead=False), True),  # the library's without the L2 prefetch
     "seesaw-mc": ("seesaw", dict(multicast_cluster=True), True),  # in a multicast cluster (the config's, 2wg's)
     # the K waits in front of a QK poll (test_wait) instead of try_wait (``k_wait_spin``, 31st session)
-    "seesaw-spin": ("seesaw", dict(k_wait_spin=True), True),
+    "seesaw-try": ("seesaw", dict(k_wait_spin=False), True),  # the seesaw's QK waits by try_wait (before)
     "2wg-spin": ("2wg", dict(k_wait_spin=True), True),
 }
 

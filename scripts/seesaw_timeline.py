@@ -47,7 +47,7 @@ SLOTS = 2 * len(EVENTS)
 # --form: class constants set on the probed kernel ("library": none), those of entry_ab's seesaw modes
 FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-29th", "seesaw-producer",
                                                                    "seesaw-producer-l2", "seesaw-early",
-                                                                   "seesaw-spin")}}
+                                                                   "seesaw-try")}}
 MAX_CTAS = 1024
 
 
