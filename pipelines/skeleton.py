@@ -81,8 +81,10 @@ class MLADecodeBase:
     kv_l2_hint = None
     # The K stage waits in front of a QK poll the full barrier (``paged_kv.PagedKVLoader.consumer_wait``'s
     # ``spin``) instead of ``try_wait``, whose SASS sleeps between checks (``NANOSLEEP.SYNCS``) and may wake
-    # after the stage landed. Only the QK's waits: a warp polling for its P.V's stage would take issue slots
-    # from the other warpgroup's softmax. 2wg and seesaw read it; a class constant (an A/B sets it).
+    # after the stage landed. Only the QK's waits: in the seesaw, with its P.V waits polling too, the gain
+    # fell from 2.5-3.7% to 0.4-0.8% (a polling warp takes issue slots from the other warpgroup). 2wg and
+    # seesaw read it; on in the seesaw, off in 2wg (paired on an H100, within +-0.7% on four 128- and
+    # 256-row rows; docs/perf-notes.md, thirty-first session). A class constant (an A/B sets it).
     k_wait_spin = False
     # Programmatic dependent launch of this kernel (``dependent_launch``): the grid may be scheduled
     # while the kernel before it in the stream (the previous decode's merge, the split planner)
