@@ -369,8 +369,8 @@ class MLADecodeSeesaw(MLADecodeBase):
                     p1.advance()
                     if const_expr(self.l2_ahead):
                         if blk + 2 * C < stop:
-                            page = self.loader.page_id(mBlockTable, r, blk + 2 * C, seqlen, wg_tidx)
-                            self.loader.prefetch_tile(tma_k, mK, sK, blk + 2 * C, kv_head, page, wg_tidx)
+                            page_ahead = self.loader.page_id(mBlockTable, r, blk + 2 * C, seqlen, wg_tidx)
+                            self.loader.prefetch_tile(tma_k, mK, sK, blk + 2 * C, kv_head, page_ahead, wg_tidx)
             if const_expr(C > 1):
                 self.cluster_idle()  # the chunk's epilogue barriers (it reduces in the K stages)
 
