@@ -88,6 +88,8 @@ class Bar(enum.IntEnum):
     WG1 = 4
     SUM = 5
     INV = 6
+    P0 = 7
+    P1 = 8
 
 
 class MLADecodeSeesaw(MLADecodeBase):
@@ -111,7 +113,9 @@ class MLADecodeSeesaw(MLADecodeBase):
     # going out late for it. A class constant (an A/B sets it on a subclass); registers per thread after
     # setmaxnreg in ``PRODUCER_REGISTERS`` (384 threads start at 168: a pool of 3 x 168).
     producer_warpgroup = True
-    PRODUCER_REGISTERS = (24, 240, 240)
+    # (The producer's pairs in release order, ``produce_pairs``, spill at 24; with 32 / 232 / 240 ptxas
+    # serializes every wgmma; 40 / 232 / 232 compiles without either.)
+    PRODUCER_REGISTERS = (40, 232, 232)
     # With the producer warpgroup, where several m-blocks read each tile (``l2_ahead``): right after loading
     # tile t, its warps prefetch into L2 their box of tile t + 2 (the stage's next fill, which goes out only
     # once the pair's P.Vs release the stage), so that fill reads L2. Why: with the producer,
@@ -138,6 +142,15 @@ class MLADecodeSeesaw(MLADecodeBase):
     # 2.5-3.7% faster at b128 s2 h128 4096, 0.7-1% at b32 s2 h128 1024, within +-0.5% at 128 rows. (The P.V
     # waits stay try_wait: with them polling too the gain was 0.4-0.8%.)
     k_wait_spin = True
+    # The max-first order (FlashMLA's): WG0 hands WG1 only its new max m0 right after the softmax of t0, so
+    # WG1's softmax of t1 runs beside WG0's P.V of t0; P0 crosses over later, rescaled to m1, and WG1 runs its
+    # P.V of t1 (P from registers) before that of t0. Why: ``seesaw_timeline.py`` showed WG1 waiting about
+    # 900 cycles per iteration for P0's store before its softmax could start. A class constant (an A/B sets
+    # it on a subclass).
+    max_first = True
+    # With ``max_first`` and the producer: each pair's groups are loaded in the order they are released
+    # (``produce_pairs``). A class constant (an A/B sets it).
+    release_order_loads = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -314,7 +327,19 @@ class MLADecodeSeesaw(MLADecodeBase):
                 n1 = b1.clone()
                 n0.advance()
                 n1.advance()
-                if const_expr(me == 0):
+                if const_expr(me == 0 and self.max_first):
+                    prod = self.wg0_iteration_mf(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
+                                                 seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
+                                                 row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn,
+                                                 s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k,
+                                                 mK, sK, mBlockTable, scale_log2)
+                elif const_expr(self.max_first):
+                    prod = self.wg1_iteration_mf(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
+                                                 seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
+                                                 row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn,
+                                                 s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k,
+                                                 mK, sK, mBlockTable, scale_log2)
+                elif const_expr(me == 0):
                     prod = self.wg0_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
                                               seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
                                               row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn, s_m,
@@ -359,20 +384,70 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
                 q_prod.advance()
             if warp < self.loader.producer_warps:
-                for blk in cutlass.range(start, stop, C, unroll=1):
-                    page = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)  # read once for both groups
-                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, blk, seqlen, kv_head, wg_tidx,
-                                          page=page, cols=G0_COLS)
-                    p0.advance()
-                    self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, blk, seqlen, kv_head, wg_tidx,
-                                          page=page, cols=G1_COLS)
-                    p1.advance()
-                    if const_expr(self.l2_ahead):
-                        if blk + 2 * C < stop:
-                            page_ahead = self.loader.page_id(mBlockTable, r, blk + 2 * C, seqlen, wg_tidx)
-                            self.loader.prefetch_tile(tma_k, mK, sK, blk + 2 * C, kv_head, page_ahead, wg_tidx)
+                if const_expr(self.load_in_release_order()):
+                    p0, p1 = self.produce_pairs(wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable,
+                                                pipe_g0, pipe_g1, p0, p1)
+                else:
+                    for blk in cutlass.range(start, stop, C, unroll=1):
+                        page = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)  # once for both groups
+                        self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, blk, seqlen, kv_head,
+                                              wg_tidx, page=page, cols=G0_COLS)
+                        p0.advance()
+                        self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, blk, seqlen, kv_head,
+                                              wg_tidx, page=page, cols=G1_COLS)
+                        p1.advance()
+                        if const_expr(self.l2_ahead):
+                            if blk + 2 * C < stop:
+                                page_ahead = self.loader.page_id(mBlockTable, r, blk + 2 * C, seqlen, wg_tidx)
+                                self.loader.prefetch_tile(tma_k, mK, sK, blk + 2 * C, kv_head, page_ahead,
+                                                          wg_tidx)
             if const_expr(C > 1):
                 self.cluster_idle()  # the chunk's epilogue barriers (it reduces in the K stages)
+
+    def load_in_release_order(self) -> bool:
+        """Whether the producer loads each pair's groups in the order the max-first iteration releases
+        them (``release_order_loads``)."""
+        return self.with_producer and self.max_first and self.release_order_loads
+
+    @cute.jit
+    def produce_pairs(self, wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable, pipe_g0, pipe_g1,
+                      p0, p1):
+        """The producer's loads of one chunk, pair by pair, in the order the max-first iteration frees the
+        groups: G0 of t0 (after WG0's P.V of t0), G1 of t1 (after WG1's P.V of t1), G1 of t0 (after WG1's
+        P.V of t0), G0 of t1 (after WG0's P.V of t1). Why: one queue in tile order would hold G1 of t1 behind
+        the two groups released after it. Each load waits only for releases of the previous pair, so the
+        order cannot deadlock. ``p0`` / ``p1`` advance in tile order as in ``produce``."""
+        C = self.split_cluster
+        for t0 in cutlass.range(start, stop, 2 * C, unroll=1):
+            t1 = t0 + C
+            page0 = self.loader.page_id(mBlockTable, r, t0, seqlen, wg_tidx)
+            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t0, seqlen, kv_head, wg_tidx,
+                                  page=page0, cols=G0_COLS)
+            p0.advance()
+            if t1 < stop:
+                page1 = self.loader.page_id(mBlockTable, r, t1, seqlen, wg_tidx)
+                q1 = p1.clone()
+                q1.advance()
+                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx,
+                                      page=page1, cols=G1_COLS)
+                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
+                                      page=page0, cols=G1_COLS)
+                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t1, seqlen, kv_head, wg_tidx,
+                                      page=page1, cols=G0_COLS)
+                p0.advance()
+                p1.advance()
+                p1.advance()
+            else:
+                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
+                                      page=page0, cols=G1_COLS)
+                p1.advance()
+            if const_expr(self.l2_ahead):
+                for ahead in cutlass.range_constexpr(2):
+                    blk = t0 + (2 + ahead) * C
+                    if blk < stop:
+                        page_ahead = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
+                        self.loader.prefetch_tile(tma_k, mK, sK, blk, kv_head, page_ahead, wg_tidx)
+        return p0, p1
 
     @cute.jit
     def finish_chunk(self, me: cutlass.Constexpr[int], wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o,
@@ -587,55 +662,233 @@ class MLADecodeSeesaw(MLADecodeBase):
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         if has_t1:
-            self.loader.consumer_wait(pipe_g0, b0)
+            prod = self.wg0_tail(t0, t1, b0, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r, kv_head, wg_tidx,
+                                 is_producer, acc_s, acc_o, tSrQ, tSrK, tOrV_ss, tOrP_other, tma_k, mK, sK,
+                                 mBlockTable, page_b)
+        return prod
+
+    @cute.jit
+    def wg0_tail(self, t0, t1, b0, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r, kv_head, wg_tidx, is_producer,
+                 acc_s, acc_o, tSrQ, tSrK, tOrV_ss, tOrP_other, tma_k, mK, sK, mBlockTable, page_b):
+        """WG0's end of an iteration with a t1 (P1 in smem, O_L at m1): O_L += P1.V_L(t1) (SS), then the next
+        pair's QK(t0') right behind it in the tensor pipe (retired in ``acc_s``), releasing G0 of t1 once
+        that P.V retired."""
+        C = self.split_cluster
+        full = t1 + 2 * C < stop
+        stage_b = b0.index
+        self.loader.consumer_wait(pipe_g0, b0)
+        valid1 = seqlen - t1 * BLOCK_N
+        if valid1 < BLOCK_N:
+            self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
+        # O_L += P1.V_L(t1) (SS, P1 from smem); the next pair's QK goes right behind it. Each branch
+        # issues and retires its own wgmma groups (a group in flight across a branch makes ptxas
+        # serialize every wgmma).
+        if t0 + 2 * C < stop:
+            self.mark(7, wg_tidx, full)
+            self.pv(False, acc_o, tOrP_other, tOrV_ss, stage_b, True)
+            warpgroup.commit_group()
+            self.mark(8, wg_tidx, full)
+            if const_expr(self.early):
+                # QK(t0') in two commit groups: G0's blocks, then (PV_L(t1) retired) G0 of t1 released
+                # before the wait for G1's blocks, which land last. (Only with the producer: no refill here.)
+                mma_qk, _, _ = self.tiled_mmas()
+                self.loader.consumer_wait(pipe_g0, n0, self.k_wait_spin)
+                warpgroup.fence()
+                self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G0_COLS, True)
+                warpgroup.commit_group()
+                warpgroup.wait_group(1)
+                self.mark(10, wg_tidx, full)
+                self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: P.V done; the producer refills it
+                self.loader.consumer_wait(pipe_g1, n1, self.k_wait_spin)
+                warpgroup.fence()
+                self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G1_COLS, False)
+                warpgroup.commit_group()
+                self.mark(9, wg_tidx, full)
+            else:
+                self.issue_qk_two_groups(acc_s, tSrQ, tSrK, n0.index, G0_COLS, G1_COLS, pipe_g0, n0,
+                                         pipe_g1, n1)
+                self.mark(9, wg_tidx, full)
+                warpgroup.wait_group(1)
+                self.mark(10, wg_tidx, full)
+                self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: P.V done; refill it now
+                if const_expr(not self.with_producer):
+                    if is_producer:
+                        if t1 + 2 * C < stop:
+                            self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t1 + 2 * C, seqlen,
+                                            kv_head, wg_tidx, page=page_b, cols=G0_COLS)
+                            prod.advance()
+            warpgroup.wait_group(0)
+            self.mark(11, wg_tidx, full)
+            self.loader.consumer_release(pipe_g1, n1)  # G1 of t0': QK was WG0's only read of it
+        else:
+            self.pv(False, acc_o, tOrP_other, tOrV_ss, stage_b, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            self.loader.consumer_release(pipe_g0, b0)
+        return prod
+
+    @cute.jit
+    def wg0_iteration_mf(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
+                         kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
+                         acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
+                         sK, mBlockTable, scale_log2):
+        """WG0's half of one iteration in the max-first order (``max_first``); S0 = QK(t0) is in ``acc_s``
+        (retired). m0 goes to WG1 right after the softmax, before any P.V, so that WG1's softmax of t1 runs
+        beside this warpgroup's P.V of t0; P0 crosses over only after m1 came back, rescaled to m1."""
+        C = self.split_cluster
+        stage_a = a0.index
+        full = t1 + 2 * C < stop
+        self.mark(0, wg_tidx, full)
+        page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
+        self.prefetch_next_pair(is_producer, tma_k, mK, sK, t0 + 2 * C, stop, kv_head, page_a, wg_tidx)
+        self.softmax_tile(acc_s, t0, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+        self.publish_max(s_m, 0, row_max, tScS, wg_tidx, int(Bar.M0))
+        self.mark(1, wg_tidx, full)
+        rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
+        rP.store(acc_s.load().to(self.dtype))
+        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
+        valid0 = seqlen - t0 * BLOCK_N
+        if valid0 < BLOCK_N:
+            self.zero_v_rows(sK, stage_a, valid0, 0, HALF, wg_tidx, int(Bar.WG0))
+        self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_a, True)
+        warpgroup.commit_group()
+        self.mark(3, wg_tidx, full)
+        warpgroup.wait_group(0)
+        self.mark(4, wg_tidx, full)
+        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: QK and P.V done; refill it now
+        self.mark(25, wg_tidx, full)
+        if const_expr(not self.with_producer):
+            if is_producer:
+                if t0 + 2 * C < stop:
+                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t0 + 2 * C, seqlen, kv_head,
+                                    wg_tidx, page=page_a, cols=G0_COLS)
+                    prod.advance()
+        self.mark(5, wg_tidx, full)
+        # m1 = max(m0, rowmax S1) from WG1 (m0 itself where there is no t1).
+        self.read_max(s_m, 1, other_max, tScS, int(Bar.M1))
+        self.mark(6, wg_tidx, full)
+        if has_t1:
+            self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: never read by WG0 (after M1: see docstring)
+        softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
+        # P0 relative to m1 into t0's RoPE block for WG1 (with lazy rescaling m1 is nearly always m0: the
+        # registers' bf16 P0 is stored as it is).
+        need = False
+        for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
+            need = need or row_scale[i] != Float32(1.0)
+        if cute.arch.vote_any_sync(need):
+            softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
+            rP.store(acc_s.load().to(self.dtype))
+        cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
+        cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=int(Bar.P0), number_of_threads=256)
+        self.mark(2, wg_tidx, full)
+        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
+        if has_t1:
+            # P1 in smem and WG1's two P.Vs issued: O_L += P1.V_L(t1) goes in behind them.
+            cute.arch.barrier(barrier_id=int(Bar.P1), number_of_threads=256)
+            prod = self.wg0_tail(t0, t1, b0, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r, kv_head, wg_tidx,
+                                 is_producer, acc_s, acc_o, tSrQ, tSrK, tOrV_ss, tOrP_other, tma_k, mK, sK,
+                                 mBlockTable, page_b)
+        return prod
+
+    @cute.jit
+    def wg1_iteration_mf(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
+                         kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
+                         acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
+                         sK, mBlockTable, scale_log2):
+        """WG1's half of one iteration in the max-first order (``max_first``); S1 = QK(t1) is in ``acc_s``
+        (retired) when there is a t1. On m0 alone: the softmax of t1 (m1), m1 back to WG0, P1 to smem and
+        O_R += P1.V_R(t1) (RS); then on P0 (relative to m1) O_R += P0.V_R(t0) (SS). Ends with QK(t1') of the
+        next pair retired in ``acc_s``."""
+        C = self.split_cluster
+        stage_a = a0.index
+        stage_b = b0.index
+        full = t1 + 2 * C < stop
+        self.mark(12, wg_tidx, full)
+        page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
+        self.prefetch_next_pair(is_producer, tma_k, mK, sK, t1 + 2 * C, stop, kv_head, page_b, wg_tidx)
+        self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
+        self.mark(13, wg_tidx, full)
+        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
+        softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)  # to m0
+        valid0 = seqlen - t0 * BLOCK_N
+        if has_t1:
+            to_m0 = cute.make_rmem_tensor_like(row_scale)
+            to_m0.store(row_scale.load())
+            self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+            self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
+            self.mark(16, wg_tidx, full)
+            for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
+                row_scale[i] = row_scale[i] * to_m0[i]  # O_R from m to m1 in one pass
+            rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
+            rP.store(acc_s.load().to(self.dtype))
+            # P1 to smem for WG0. sP is free: WG0's P.V that read the previous P1 retired before WG0
+            # arrived on this iteration's M0.
+            cute.autovec_copy(rP, tPsP_own)
+            softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
             valid1 = seqlen - t1 * BLOCK_N
             if valid1 < BLOCK_N:
-                self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
-            # O_L += P1.V_L(t1) (SS, P1 from smem); the next pair's QK goes right behind it. Each branch
-            # issues and retires its own wgmma groups (a group in flight across a branch makes ptxas
-            # serialize every wgmma).
-            if t0 + 2 * C < stop:
-                self.mark(7, wg_tidx, full)
-                self.pv(False, acc_o, tOrP_other, tOrV_ss, stage_b, True)
-                warpgroup.commit_group()
-                self.mark(8, wg_tidx, full)
-                if const_expr(self.early):
-                    # QK(t0') in two commit groups: G0's blocks, then (PV_L(t1) retired) G0 of t1 released
-                    # before the wait for G1's blocks, which land last. (Only with the producer: no refill here.)
-                    mma_qk, _, _ = self.tiled_mmas()
-                    self.loader.consumer_wait(pipe_g0, n0, self.k_wait_spin)
-                    warpgroup.fence()
-                    self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G0_COLS, True)
-                    warpgroup.commit_group()
-                    warpgroup.wait_group(1)
-                    self.mark(10, wg_tidx, full)
-                    self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: P.V done; the producer refills it
-                    self.loader.consumer_wait(pipe_g1, n1, self.k_wait_spin)
-                    warpgroup.fence()
-                    self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G1_COLS, False)
-                    warpgroup.commit_group()
-                    self.mark(9, wg_tidx, full)
+                self.zero_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1))
+            self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_b, True)
+            warpgroup.commit_group()
+            # P1's stores made visible to WG0's SS wgmma after this P.V went out (it does not read them).
+            cute.arch.fence_view_async_shared()
+            self.mark(17, wg_tidx, full)
+            cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
+            self.loader.consumer_wait(pipe_g1, a1)
+            if valid0 < BLOCK_N:
+                self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
+            self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
+            warpgroup.commit_group()
+            cute.arch.barrier_arrive(barrier_id=int(Bar.P1), number_of_threads=256)
+            self.mark(15, wg_tidx, full)
+            warpgroup.wait_group(1)
+            self.mark(21, wg_tidx, full)
+            self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: QK and P.V done
+            self.mark(27, wg_tidx, full)
+            warpgroup.wait_group(0)
+            self.mark(18, wg_tidx, full)
+            self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: P.V and P0 read
+            self.mark(26, wg_tidx, full)
+            if const_expr(not self.with_producer):
+                if is_producer:  # in tile order (the loads' pipeline state): t0's refill, then t1's
+                    if t0 + 2 * C < stop:
+                        self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t0 + 2 * C, seqlen, kv_head,
+                                        wg_tidx, page=page_a, cols=G1_COLS)
+                        prod.advance()
+                    if t1 + 2 * C < stop:
+                        self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t1 + 2 * C, seqlen,
+                                        kv_head, wg_tidx, page=page_b, cols=G1_COLS)
+                        prod.advance()
+            if t1 + 2 * C < stop:
+                m0s = n0.clone()
+                m1s = n1.clone()
+                m0s.advance()
+                m1s.advance()
+                self.mark(22, wg_tidx, full)
+                # QK(t1'): the group its loads put first (``release_order_loads``: G1, released after this
+                # warpgroup's P.V of t1; else G0, which the producer loads first).
+                if const_expr(self.load_in_release_order()):
+                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, G1_COLS, G0_COLS, pipe_g1, m1s,
+                                             pipe_g0, m0s)
                 else:
-                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, n0.index, G0_COLS, G1_COLS, pipe_g0, n0,
-                                             pipe_g1, n1)
-                    self.mark(9, wg_tidx, full)
-                    warpgroup.wait_group(1)
-                    self.mark(10, wg_tidx, full)
-                    self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: P.V done; refill it now
-                    if const_expr(not self.with_producer):
-                        if is_producer:
-                            if t1 + 2 * C < stop:
-                                self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t1 + 2 * C, seqlen,
-                                                kv_head, wg_tidx, page=page_b, cols=G0_COLS)
-                                prod.advance()
+                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, G0_COLS, G1_COLS, pipe_g0, m0s,
+                                             pipe_g1, m1s)
+                self.mark(23, wg_tidx, full)
                 warpgroup.wait_group(0)
-                self.mark(11, wg_tidx, full)
-                self.loader.consumer_release(pipe_g1, n1)  # G1 of t0': QK was WG0's only read of it
-            else:
-                self.pv(False, acc_o, tOrP_other, tOrV_ss, stage_b, True)
-                warpgroup.commit_group()
-                warpgroup.wait_group(0)
-                self.loader.consumer_release(pipe_g0, b0)
+                self.mark(24, wg_tidx, full)
+                self.loader.consumer_release(pipe_g0, m0s)  # G0 of t1': QK was WG1's only read of it
+        else:
+            self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))  # m1 = m0: no t1
+            softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
+            cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
+            self.loader.consumer_wait(pipe_g1, a1)
+            if valid0 < BLOCK_N:
+                self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
+            self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
+            warpgroup.commit_group()
+            warpgroup.wait_group(0)
+            self.loader.consumer_release(pipe_g1, a1)
         return prod
 
     @cute.jit

@@ -42,12 +42,20 @@ EVENTS = (
     # added later (the order of ``mark`` numbers in the library)
     "wg0 t0's G0 released", "wg1 t0's G1 released", "wg1 t1's G1 released",
 )
+# the same ``mark`` numbers in the max-first order (``max_first``, the library's since the 32nd session)
+EVENTS_MAX_FIRST = dict(enumerate(EVENTS)) | {
+    1: "wg0 softmax0 done, M0 (m0) arrived", 2: "wg0 P0 stored (to m1), P0 arrived", 6: "wg0 M1 passed",
+    13: "wg1 M0 passed", 14: "(unused)", 15: "wg1 PV_R(t0) issued, P1 arrived", 16: "wg1 softmax1 done, M1 arrived",
+    17: "wg1 PV_R(t1) issued", 18: "wg1 PV_R(t0) retired", 19: "(unused)", 20: "(unused)",
+    21: "wg1 PV_R(t1) retired", 22: "wg1 before QK(t1')", 26: "wg1 t0's G1 released", 27: "wg1 t1's G1 released",
+}
 WG1_EVENTS = set(range(12, 25)) | {26, 27}
 SLOTS = 2 * len(EVENTS)
 # --form: class constants set on the probed kernel ("library": none), those of entry_ab's seesaw modes
 FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-29th", "seesaw-producer",
                                                                    "seesaw-producer-l2", "seesaw-early",
-                                                                   "seesaw-try")}}
+                                                                   "seesaw-try", "seesaw-p0-first",
+                                                                   "seesaw-tile-order")}}
 MAX_CTAS = 1024
 
 
@@ -97,7 +105,7 @@ def probe_class(base: int, overrides: dict | None = None):
     return Probed
 
 
-def report(label: str, buf) -> None:
+def report(label: str, buf, names=EVENTS) -> None:
     rows = buf.double()
     sums, counts = rows[:, 0::2], rows[:, 1::2]
     used = counts[:, 0] > 0
@@ -106,7 +114,8 @@ def report(label: str, buf) -> None:
     print(f"{label}: {int(used.sum())} CTAs, {float(counts[used, 0].mean()):.1f} full iterations each")
     for group in (sorted(set(range(len(EVENTS))) - WG1_EVENTS), sorted(WG1_EVENTS)):
         for i in sorted(group, key=lambda e: float(rel[e])):
-            print(f"  {EVENTS[i]:<34} {float(rel[i]):8.0f}")
+            if names[i] != "(unused)":
+                print(f"  {names[i]:<34} {float(rel[i]):8.0f}")
         print("  --")
 
 
@@ -129,7 +138,9 @@ def main(argv=None) -> int:
                                     variant="seesaw")
         times = replay_last_clean(graph, buf, args.replays)
         form = "seesaw" if args.form == "library" else f"seesaw ({args.form})"
-        report(f"{cfg.label()} {form} (median replay {statistics.median(times):.1f} us)", buf.cpu())
+        max_first = FORMS[args.form].get("max_first", MLADecodeSeesaw.max_first)
+        names = tuple(EVENTS_MAX_FIRST[i] for i in range(len(EVENTS))) if max_first else EVENTS
+        report(f"{cfg.label()} {form} (median replay {statistics.median(times):.1f} us)", buf.cpu(), names)
     return 0
 
 
