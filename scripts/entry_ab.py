@@ -96,7 +96,7 @@ MODES = {
     "2wg-spin": ("2wg", dict(k_wait_spin=True), True),
     # the 32nd session's max-first order (``max_first``: m0 crosses before P0, WG1's softmax beside WG0's P.V)
     "seesaw-p0-first": ("seesaw", dict(_P0_FIRST), False),  # the form before it (P0 and m0 in one hand-off)
-    "seesaw-tile-order": ("seesaw", dict(release_order_loads=False), True),  # the producer's loads in tile order
+    "seesaw-tile-order": ("seesaw", dict(release_order_loads=False), False),  # the producer's loads in tile order
 }
 
 
