@@ -753,6 +753,9 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_a, True)
         warpgroup.commit_group()
         self.mark(3, wg_tidx, full)
+        # P0 into t0's RoPE block for WG1 while the P.V runs (it only reads rP), relative to m0: with lazy
+        # rescaling m1 is nearly always m0, and where it is not the tile is written again below.
+        cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
         warpgroup.wait_group(0)
         self.mark(4, wg_tidx, full)
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: QK and P.V done; refill it now
@@ -770,15 +773,14 @@ class MLADecodeSeesaw(MLADecodeBase):
         if has_t1:
             self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: never read by WG0 (after M1: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
-        # P0 relative to m1 into t0's RoPE block for WG1 (with lazy rescaling m1 is nearly always m0: the
-        # registers' bf16 P0 is stored as it is).
+        # P0 relative to m1 for WG1: written again only by the warps where the max moved.
         need = False
         for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
             need = need or row_scale[i] != Float32(1.0)
         if cute.arch.vote_any_sync(need):
             softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
             rP.store(acc_s.load().to(self.dtype))
-        cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
+            cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
         cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(barrier_id=int(Bar.P0), number_of_threads=256)
         self.mark(2, wg_tidx, full)
@@ -822,16 +824,15 @@ class MLADecodeSeesaw(MLADecodeBase):
                 row_scale[i] = row_scale[i] * to_m0[i]  # O_R from m to m1 in one pass
             rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
             rP.store(acc_s.load().to(self.dtype))
-            # P1 to smem for WG0. sP is free: WG0's P.V that read the previous P1 retired before WG0
-            # arrived on this iteration's M0.
-            cute.autovec_copy(rP, tPsP_own)
             softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
             valid1 = seqlen - t1 * BLOCK_N
             if valid1 < BLOCK_N:
                 self.zero_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1))
             self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_b, True)
             warpgroup.commit_group()
-            # P1's stores made visible to WG0's SS wgmma after this P.V went out (it does not read them).
+            # P1 to smem for WG0 while that P.V runs (it reads rP only). sP is free: WG0's P.V that read the
+            # previous P1 retired before WG0 arrived on this iteration's M0.
+            cute.autovec_copy(rP, tPsP_own)
             cute.arch.fence_view_async_shared()
             self.mark(17, wg_tidx, full)
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
