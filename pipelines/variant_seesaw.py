@@ -151,6 +151,9 @@ class MLADecodeSeesaw(MLADecodeBase):
     # With ``max_first`` and the producer: each pair's groups are loaded in the order they are released
     # (``produce_pairs``). A class constant (an A/B sets it).
     release_order_loads = True
+    # WG1 releases G0 of t0 (which it never reads) after publishing m1 instead of right after M0, off the path
+    # to its softmax. A class constant (an A/B sets it).
+    wg1_g0_release_late = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -811,7 +814,8 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.prefetch_next_pair(is_producer, tma_k, mK, sK, t1 + 2 * C, stop, kv_head, page_b, wg_tidx)
         self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
         self.mark(13, wg_tidx, full)
-        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
+        if const_expr(not self.wg1_g0_release_late):
+            self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)  # to m0
         valid0 = seqlen - t0 * BLOCK_N
         if has_t1:
@@ -820,6 +824,8 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
             self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
             self.mark(16, wg_tidx, full)
+            if const_expr(self.wg1_g0_release_late):
+                self.loader.consumer_release(pipe_g0, a0)
             for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
                 row_scale[i] = row_scale[i] * to_m0[i]  # O_R from m to m1 in one pass
             rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
@@ -830,12 +836,14 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.zero_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1))
             self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_b, True)
             warpgroup.commit_group()
+            self.mark(20, wg_tidx, full)
             # P1 to smem for WG0 while that P.V runs (it reads rP only). sP is free: WG0's P.V that read the
             # previous P1 retired before WG0 arrived on this iteration's M0.
             cute.autovec_copy(rP, tPsP_own)
             cute.arch.fence_view_async_shared()
             self.mark(17, wg_tidx, full)
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
+            self.mark(14, wg_tidx, full)
             self.loader.consumer_wait(pipe_g1, a1)
             if valid0 < BLOCK_N:
                 self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
@@ -881,6 +889,8 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.loader.consumer_release(pipe_g0, m0s)  # G0 of t1': QK was WG1's only read of it
         else:
             self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))  # m1 = m0: no t1
+            if const_expr(self.wg1_g0_release_late):
+                self.loader.consumer_release(pipe_g0, a0)
             softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
             self.loader.consumer_wait(pipe_g1, a1)

@@ -97,6 +97,7 @@ MODES = {
     # the 32nd session's max-first order (``max_first``: m0 crosses before P0, WG1's softmax beside WG0's P.V)
     "seesaw-p0-first": ("seesaw", dict(_P0_FIRST), False),  # the form before it (P0 and m0 in one hand-off)
     "seesaw-tile-order": ("seesaw", dict(release_order_loads=False), False),  # the producer's loads in tile order
+    "seesaw-g0-late": ("seesaw", dict(wg1_g0_release_late=True), True),  # WG1's G0(t0) release after M1
 }
 
 

@@ -45,8 +45,9 @@ EVENTS = (
 # the same ``mark`` numbers in the max-first order (``max_first``, the library's since the 32nd session)
 EVENTS_MAX_FIRST = dict(enumerate(EVENTS)) | {
     1: "wg0 softmax0 done, M0 (m0) arrived", 2: "wg0 P0 stored (to m1), P0 arrived", 6: "wg0 M1 passed",
-    13: "wg1 M0 passed", 14: "(unused)", 15: "wg1 PV_R(t0) issued, P1 arrived", 16: "wg1 softmax1 done, M1 arrived",
-    17: "wg1 PV_R(t1) issued", 18: "wg1 PV_R(t0) retired", 19: "(unused)", 20: "(unused)",
+    13: "wg1 M0 passed", 14: "wg1 P0 passed", 15: "wg1 PV_R(t0) issued, P1 arrived",
+    16: "wg1 softmax1 done, M1 arrived", 17: "wg1 P1 stored", 18: "wg1 PV_R(t0) retired", 19: "(unused)",
+    20: "wg1 PV_R(t1) issued",
     21: "wg1 PV_R(t1) retired", 22: "wg1 before QK(t1')", 26: "wg1 t0's G1 released", 27: "wg1 t1's G1 released",
 }
 WG1_EVENTS = set(range(12, 25)) | {26, 27}
@@ -55,7 +56,7 @@ SLOTS = 2 * len(EVENTS)
 FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-29th", "seesaw-producer",
                                                                    "seesaw-producer-l2", "seesaw-early",
                                                                    "seesaw-try", "seesaw-p0-first",
-                                                                   "seesaw-tile-order")}}
+                                                                   "seesaw-tile-order", "seesaw-g0-late")}}
 MAX_CTAS = 1024
 
 
