@@ -2,9 +2,10 @@
 lazy rescaling (pipelines/softmax.py), checked against a plain softmax on the CPU.
 
 The model keeps what the kernel keeps: one running max per row shared by the two warpgroups, a row
-sum per warpgroup, O split in two column halves, P rounded to bf16 before each P.V, P0 handed over
-relative to m0 (WG1 moves O_R to m0 before adding it), m1 = max(m0, rowmax S1), the max moved only by
-more than ``LAZY_RESCALE_LOG2`` (log2 units), and a chunk that ends on an iteration without t1.
+sum per warpgroup, O split in two column halves, P rounded to bf16 before each P.V, m1 = max(m0, rowmax
+S1) computed by WG1 from WG0's m0 alone, P0 handed over only after m1 (rescaled to m1 in fp32, rounded
+again), the max moved only by more than ``LAZY_RESCALE_LOG2`` (log2 units), and a chunk that ends on an
+iteration without t1.
 """
 from __future__ import annotations
 
@@ -58,23 +59,23 @@ def _finish(l0, l1, o_l, o_r, m, c):
 
 
 def seesaw_model(scores: torch.Tensor, v: torch.Tensor, scale: float):
-    """(out, lse) of one chunk as the seesaw kernel computes it. ``scores``: raw QK [rows, keys]
-    (-inf where masked), ``v``: [keys, 512]."""
+    """(out, lse) of one chunk as the seesaw kernel computes it (the max-first order). ``scores``: raw QK
+    [rows, keys] (-inf where masked), ``v``: [keys, 512]."""
     c, half, n_tiles, m, l0, l1, o_l, o_r = _chunk_state(scores, v, scale)
     for t0 in range(0, n_tiles, 2):
         t1 = t0 + 1
         s0 = scores[:, t0 * TILE:(t0 + 1) * TILE]
         v0 = v[t0 * TILE:(t0 + 1) * TILE]
-        # WG0: m0, P0 (relative to m0), O_L to m0, O_L += P0.V_L(t0).
+        # WG0: m0 (published at once), P0 relative to m0, O_L to m0, O_L += P0.V_L(t0).
         m0 = _lazy_max(m, s0, c)
         f0 = _factor(m, m0, c)
-        p0, sum0 = _probs(s0, m0, c)
-        l0 = l0 * f0 + sum0
+        p0_fp32 = torch.exp2(s0 * c - (_safe(m0) * c)[:, None])
+        p0 = p0_fp32.to(torch.bfloat16).to(torch.float32)
+        l0 = l0 * f0 + p0_fp32.sum(dim=1)
         o_l = o_l * f0[:, None] + p0 @ v0[:, :half]
-        # WG1: O_R to m0 (the same factor f0, computed from the published m0), O_R += P0.V_R(t0);
-        # then its own tile against m0.
+        # WG1 on m0 alone: its row sums to m0, then its own tile against m0 (m1), O_R from m to m1 in one
+        # pass and O_R += P1.V_R(t1).
         l1 = l1 * f0
-        o_r = o_r * f0[:, None] + p0 @ v0[:, half:]
         if t1 < n_tiles:
             s1 = scores[:, t1 * TILE:(t1 + 1) * TILE]
             v1 = v[t1 * TILE:(t1 + 1) * TILE]
@@ -82,13 +83,17 @@ def seesaw_model(scores: torch.Tensor, v: torch.Tensor, scale: float):
             g1 = _factor(m0, m1, c)
             p1, sum1 = _probs(s1, m1, c)
             l1 = l1 * g1 + sum1
-            o_r = o_r * g1[:, None] + p1 @ v1[:, half:]
+            o_r = o_r * (f0 * g1)[:, None] + p1 @ v1[:, half:]
         else:
             m1 = m0
-        # WG0: to m1, O_L += P1.V_L(t1).
+            o_r = o_r * f0[:, None]
+        # WG0 on m1: its sums and O_L to m1; P0 rescaled to m1 in fp32 and rounded again for WG1.
         g = _factor(m0, m1, c)
         l0 = l0 * g
         o_l = o_l * g[:, None]
+        p0_to_m1 = (p0_fp32 * g[:, None]).to(torch.bfloat16).to(torch.float32)
+        # WG1: O_R += P0.V_R(t0); WG0: O_L += P1.V_L(t1).
+        o_r = o_r + p0_to_m1 @ v0[:, half:]
         if t1 < n_tiles:
             o_l = o_l + p1 @ v1[:, :half]
         m = m1
