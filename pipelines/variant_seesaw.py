@@ -7,27 +7,30 @@ tensor cores idle for a third of each tile. Here both warpgroups score: each ite
 tiles, t0 for WG0 and t1 for WG1, so each warpgroup does QK + softmax for one tile and P.V (its own
 256 output columns) for both, and one warpgroup's softmax runs while the other's wgmma do.
 
-Per iteration (m: the running row max, identical in both warpgroups at the start; S0 = QK(t0) and
-S1 = QK(t1) are already in the warpgroups' registers, computed at the end of the previous iteration):
-- WG0: m0 = max(m, rowmax S0); P0 = exp(S0 - m0) written to smem and m0 published (one hand-off, M0);
-  O_L *= exp(m - m0); O_L += P0.V_L(t0) with P0 from registers (RS wgmma).
-- WG1: on M0: O_R *= exp(m - m0), O_R += P0.V_R(t0) (SS, P0 from smem), and while that runs the softmax
-  of t1 against m0: m1 = max(m0, rowmax S1), P1 = exp(S1 - m1) written to smem, m1 published (one
-  hand-off, M1); once its P.V of t0 retired, O_R *= exp(m0 - m1); O_R += P1.V_R(t1) (RS).
-- WG0: on M1: O_L and its row sums *= exp(m0 - m1); O_L += P1.V_L(t1) (SS), and right behind it in the
-  tensor pipe S0' = QK(t0') of the next pair.
-- WG1: once its P.V of t1 retired, S1' = QK(t1'), behind WG0's.
-Both now hold O relative to m1, which becomes m. P0 crosses over unscaled (relative to m0) and WG1
-brings O_R to m0 before adding it, so nothing waits for m1 before WG1's P.V of t0.
-Why the next pair's QK at the end of the iteration, staggered (FlashMLA's order): WG0's QK(t0') goes into
-the tensor pipe before WG1's QK(t1'), so that WG0's softmax of t0' can run while WG1's QK keeps the tensor
-cores busy (in the form before, both QKs went out together at the start of an iteration and finished
-together). Measured paired with FlashMLA on an H100 (docs/perf-notes.md, twenty-ninth session) this order
-alone changed nothing measurable: ``scripts/seesaw_timeline.py`` shows the iteration held by the next
-pair's K loads instead (a group is refilled only once the P.V that reads it retired, and lands about 2000
-cycles later), which is where this pipeline still trails 2wg.
+Per iteration, in the max-first order (FlashMLA's; m: the running row max, identical in both warpgroups at
+the start; S0 = QK(t0) and S1 = QK(t1) are already in the warpgroups' registers, computed at the end of the
+previous iteration):
+- WG0: m0 = max(m, rowmax S0), published at once (M0); P0 = exp(S0 - m0); O_L *= exp(m - m0);
+  O_L += P0.V_L(t0) with P0 from registers (RS wgmma), and while it runs P0 into smem (relative to m0).
+- WG1: on M0 alone: the softmax of t1 against m0: m1 = max(m0, rowmax S1), published (M1);
+  P1 = exp(S1 - m1); O_R *= exp(m - m1) in one pass; O_R += P1.V_R(t1) (RS), and while it runs P1 into smem.
+- WG0: on M1: its row sums, O_L and (in the warps where m1 moved past m0, rare with lazy rescaling) the P0
+  in smem to m1; then P0 published (P0).
+- WG1: on P0: O_R += P0.V_R(t0) (SS), right behind its P.V of t1; then P1 published (P1: P1 in smem and
+  both of WG1's P.Vs in the tensor pipe).
+- WG0: on P1: O_L += P1.V_L(t1) (SS), and right behind it S0' = QK(t0') of the next pair.
+- WG1: once its P.Vs retired, S1' = QK(t1'), behind WG0's.
+Both now hold O relative to m1, which becomes m. Why this order: in the one before it (P0 and m0 in one
+hand-off, WG1's P.V of t0 before its softmax) ``scripts/seesaw_timeline.py`` showed WG1 waiting about 900
+cycles per iteration for P0's store before its softmax could start; here WG1's softmax runs beside WG0's
+P.V of t0 (the iteration about 9% shorter on the timeline; 0.5-3.4% faster paired on an H100,
+docs/perf-notes.md, thirty-second session). A P tile goes to smem while the P.V that reads it from
+registers runs, off the path.
+Why the next pair's QK at the end of the iteration, staggered: WG0's QK(t0') goes into the tensor pipe
+before WG1's QK(t1'), so that WG0's softmax of t0' can run while WG1's QK keeps the tensor cores busy.
 The row sums stay per warpgroup (both relative to the same max) and are added at the end of a chunk.
-A chunk with an odd tile count ends on an iteration without t1: WG1 then only moves its max to m0.
+A chunk with an odd tile count ends on an iteration without t1: WG1 then publishes m0 as m1 and adds only
+P0.V_R(t0).
 
 Loads: each K stage fills in two column groups, each with its own full/empty barrier pair
 (``paged_kv`` loader ``by_columns``): G0 = columns 0..255 (V_L), G1 = columns 256..511 (V_R) and the
@@ -37,25 +40,25 @@ the column blocks of the group that lands first first. P0 goes into the RoPE blo
 (read only by QK(t0), done by then; G1 is released only after WG1's P.V that reads P0), P1 into the
 skeleton's P tile. The smem plan is the skeleton's (Q 72 KB + 2 stages 144 KB + P 8 KB).
 Who loads (``producer_warpgroup``): on the TMA page sizes a third warpgroup (warpgroup 0 of 384 threads;
-the scoring warpgroups are 1 and 2, 24 / 240 / 240 registers after setmaxnreg) issues every load: Q per
-request, then each tile's G0 and G1 as their empty barriers free, and (128+ rows) right after loading
-tile t the L2 prefetch of tile t + 2, the stage's next fill (``producer_l2_ahead``). The next request's Q and first
-tiles go out while the current chunk still computes. On the gather pages (whose copies need the producer
-threads' registers) the scoring warpgroups load instead: WG0 every G0 and Q, WG1 every G1, each group
-by the warpgroup that finishes with it last. With the producer, ``early_releases`` moves two releases up
-the loops that ``scripts/seesaw_timeline.py`` shows bound the iteration (a refill lands about 2400 cycles
-after its release, on the next QK's path): WG0 releases G0 of t1 between the two halves of QK(t0'), WG1
-releases G1 of t0 right after its softmax. Measured paired on an H100 (docs/perf-notes.md, thirtieth
-session) this form is up to 5% faster than the consumer-loaded one (0.4-1.2% slower at b128 s2 h128 4096); with
-no multicast cluster (``multicast_cluster``) another 6-10% on an H200, where it still trails 2wg by 10-13% at
-128 and 256 rows.
+the scoring warpgroups are 1 and 2, ``PRODUCER_REGISTERS`` after setmaxnreg) issues every load: Q per
+request, then each pair's groups in the order the iteration frees them (``produce_pairs``), and (128+
+rows) the L2 prefetch of the next pair's tiles, their stages' next fills (``producer_l2_ahead``). The next
+request's Q and first tiles go out while the current chunk still computes. On the gather pages (whose
+copies need the producer threads' registers) the scoring warpgroups load instead: WG0 every G0 and Q, WG1
+every G1, each group by the warpgroup that finishes with it last. With the producer, ``early_releases``
+splits WG0's QK(t0') to release G0 of t1 between its halves. Without a multicast cluster
+(``multicast_cluster``). Where it stands: 7-14% slower than 2wg at 128 and 256 rows on an H100
+(docs/perf-notes.md, thirty-second session), so ``auto`` does not pick it.
 
-Named barriers (``Bar``, 256 threads unless noted): M0 (WG0 -> WG1: m0 and P0 written), M1 (WG1 ->
-WG0: P1 and m1 written), SUM (WG1 -> WG0: WG1's row sums written at a chunk's end), INV (WG0 -> WG1:
-1/rowsum written), and the two 128-thread warpgroup barriers of ``zero_v_rows``. Every barrier is
-passed by both warpgroups once per iteration (or chunk), also in an iteration without t1, so the
-arrive/sync counts always pair. P1's tile needs no barrier of its own: WG1 writes it after M0, which
-WG0 arrives on only after the P.V that read the previous P1 retired.
+Named barriers (``Bar``, 256 threads unless noted): M0 (WG0 -> WG1: m0 written), M1 (WG1 -> WG0: m1
+written), P0 (WG0 -> WG1: P0 relative to m1 in smem), P1 (WG1 -> WG0: P1 in smem, WG1's P.Vs issued; only
+in an iteration with t1), SUM (WG1 -> WG0: WG1's row sums written at a chunk's end), INV (WG0 -> WG1:
+1/rowsum written), and the two 128-thread warpgroup barriers of ``zero_v_rows``. Every barrier is passed by
+both warpgroups once per iteration (or chunk), P1 in the iterations with t1 (both know it), so the
+arrive/sync counts always pair, and each arrival waits for the other warpgroup's previous use: WG0 arrives
+on M0 after it passed the previous P1, WG1 on M1 after M0, WG0 on P0 after M1, WG1 on P1 after P0. P1's
+tile needs no barrier of its own: WG1 writes it after M0, which WG0 arrives on only after the P.V that read
+the previous P1 retired.
 
 Empty-barrier arrivals of a group a warpgroup never reads (G0 of t0 for WG1, G1 of t1 for WG0) are
 made after the iteration's first barrier from the other warpgroup (M0 for WG1, M1 for WG0), which the
@@ -113,8 +116,8 @@ class MLADecodeSeesaw(MLADecodeBase):
     # going out late for it. A class constant (an A/B sets it on a subclass); registers per thread after
     # setmaxnreg in ``PRODUCER_REGISTERS`` (384 threads start at 168: a pool of 3 x 168).
     producer_warpgroup = True
-    # (The producer's pairs in release order, ``produce_pairs``, spill at 24; with 32 / 232 / 240 ptxas
-    # serializes every wgmma; 40 / 232 / 232 compiles without either.)
+    # (At 24 the producer's ``produce_pairs`` spills; at 32 / 232 / 240 ptxas serializes every wgmma;
+    # 40 / 232 / 232 compiles without either.)
     PRODUCER_REGISTERS = (40, 232, 232)
     # With the producer warpgroup, where several m-blocks read each tile (``l2_ahead``): right after loading
     # tile t, its warps prefetch into L2 their box of tile t + 2 (the stage's next fill, which goes out only
@@ -122,12 +125,10 @@ class MLADecodeSeesaw(MLADecodeBase):
     # ``seesaw_timeline.py`` shows a refill landing about 2400 cycles after its release, on the next QK's
     # path. A class constant (an A/B sets it on a subclass).
     producer_l2_ahead = True
-    # Releases moved up the critical loops ``seesaw_timeline.py`` shows (each refill lands about 2400 cycles
-    # after its release, on a QK's path): WG0 issues QK(t0') as two commit groups and releases G0 of t1
-    # between them, once PV_L(t1) retired, instead of after the whole QK (whose G1 half waits for its
-    # refill); WG1 releases G1 of t0 right after its softmax of t1 (PV_R(t0) has retired by then) instead of
-    # after P1's hand-off; WG1's QK(t1') then takes G0's blocks first. With the producer only (``early``). A
-    # class constant (an A/B sets it).
+    # With the producer (``early``): WG0 issues QK(t0') as two commit groups and releases G0 of t1 between them,
+    # once PV_L(t1) retired, instead of after the whole QK (whose G1 half waits for its refill): a refill lands
+    # about 2000 cycles after its release, on a QK's path (``seesaw_timeline.py``). A class constant (an A/B
+    # sets it).
     early_releases = True
 
     # No TMA multicast cluster (``pipelines.MULTICAST_VARIANTS``): each CTA loads its own tiles. Why: a multicast
@@ -136,24 +137,11 @@ class MLADecodeSeesaw(MLADecodeBase):
     # docs/perf-notes.md, thirtieth session). A class constant (an A/B sets it True on a subclass, built with
     # multicast on).
     multicast_cluster = False
-    # The K waits in front of each QK poll the full barrier (skeleton ``k_wait_spin``) instead of try_wait,
-    # which sleeps between checks (NANOSLEEP.SYNCS) and wakes after the refill landed; both loops that
-    # bound the iteration end in such a wait. Paired on an H100 (docs/perf-notes.md, thirty-first session):
-    # 2.5-3.7% faster at b128 s2 h128 4096, 0.7-1% at b32 s2 h128 1024, within +-0.5% at 128 rows. (The P.V
-    # waits stay try_wait: with them polling too the gain was 0.4-0.8%.)
-    k_wait_spin = True
-    # The max-first order (FlashMLA's): WG0 hands WG1 only its new max m0 right after the softmax of t0, so
-    # WG1's softmax of t1 runs beside WG0's P.V of t0; P0 crosses over later, rescaled to m1, and WG1 runs its
-    # P.V of t1 (P from registers) before that of t0. Why: ``seesaw_timeline.py`` showed WG1 waiting about
-    # 900 cycles per iteration for P0's store before its softmax could start. A class constant (an A/B sets
-    # it on a subclass).
-    max_first = True
-    # With ``max_first`` and the producer: each pair's groups are loaded in the order they are released
-    # (``produce_pairs``). A class constant (an A/B sets it).
-    release_order_loads = True
-    # WG1 releases G0 of t0 (which it never reads) after publishing m1 instead of right after M0, off the path
-    # to its softmax. A class constant (an A/B sets it).
-    wg1_g0_release_late = False
+    # The K waits in front of each QK by try_wait (skeleton ``k_wait_spin`` off). Polling them (``test_wait``)
+    # was 2.5-3.7% faster at b128 s2 h128 4096 in the order before the max-first one (thirty-first session); in
+    # the max-first order it is 1-4% slower (paired on an H100, docs/perf-notes.md, thirty-second session:
+    # entry_ab mode ``seesaw-spin``). A class constant (an A/B sets it).
+    k_wait_spin = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -330,19 +318,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 n1 = b1.clone()
                 n0.advance()
                 n1.advance()
-                if const_expr(me == 0 and self.max_first):
-                    prod = self.wg0_iteration_mf(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
-                                                 seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
-                                                 row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn,
-                                                 s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k,
-                                                 mK, sK, mBlockTable, scale_log2)
-                elif const_expr(self.max_first):
-                    prod = self.wg1_iteration_mf(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
-                                                 seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
-                                                 row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn,
-                                                 s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k,
-                                                 mK, sK, mBlockTable, scale_log2)
-                elif const_expr(me == 0):
+                if const_expr(me == 0):
                     prod = self.wg0_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
                                               seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
                                               row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn, s_m,
@@ -387,30 +363,10 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
                 q_prod.advance()
             if warp < self.loader.producer_warps:
-                if const_expr(self.load_in_release_order()):
-                    p0, p1 = self.produce_pairs(wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable,
-                                                pipe_g0, pipe_g1, p0, p1)
-                else:
-                    for blk in cutlass.range(start, stop, C, unroll=1):
-                        page = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)  # once for both groups
-                        self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, blk, seqlen, kv_head,
-                                              wg_tidx, page=page, cols=G0_COLS)
-                        p0.advance()
-                        self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, blk, seqlen, kv_head,
-                                              wg_tidx, page=page, cols=G1_COLS)
-                        p1.advance()
-                        if const_expr(self.l2_ahead):
-                            if blk + 2 * C < stop:
-                                page_ahead = self.loader.page_id(mBlockTable, r, blk + 2 * C, seqlen, wg_tidx)
-                                self.loader.prefetch_tile(tma_k, mK, sK, blk + 2 * C, kv_head, page_ahead,
-                                                          wg_tidx)
+                p0, p1 = self.produce_pairs(wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable,
+                                            pipe_g0, pipe_g1, p0, p1)
             if const_expr(C > 1):
                 self.cluster_idle()  # the chunk's epilogue barriers (it reduces in the K stages)
-
-    def load_in_release_order(self) -> bool:
-        """Whether the producer loads each pair's groups in the order the max-first iteration releases
-        them (``release_order_loads``)."""
-        return self.with_producer and self.max_first and self.release_order_loads
 
     @cute.jit
     def produce_pairs(self, wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable, pipe_g0, pipe_g1,
@@ -617,60 +573,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         warpgroup.commit_group()
 
     @cute.jit
-    def wg0_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
-                      kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max, acc_s,
-                      acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
-                      sK, mBlockTable, scale_log2):
-        """WG0's half of one iteration; S0 = QK(t0) is in ``acc_s`` (retired). Ends with QK(t0') of the next
-        pair retired in ``acc_s``, issued right behind the P.V of t1 so that it runs while WG1 finishes."""
-        C = self.split_cluster
-        stage_a = a0.index
-        stage_b = b0.index
-        full = t1 + 2 * C < stop
-        self.mark(0, wg_tidx, full)
-        page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
-        self.prefetch_next_pair(is_producer, tma_k, mK, sK, t0 + 2 * C, stop, kv_head, page_a, wg_tidx)
-        self.softmax_tile(acc_s, t0, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
-        # P0 (relative to m0) into t0's RoPE block and m0 to WG1, in one hand-off.
-        rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
-        rP.store(acc_s.load().to(self.dtype))
-        self.mark(1, wg_tidx, full)
-        cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
-        cute.arch.fence_view_async_shared()
-        self.publish_max(s_m, 0, row_max, tScS, wg_tidx, int(Bar.M0))
-        self.mark(2, wg_tidx, full)
-        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-        valid0 = seqlen - t0 * BLOCK_N
-        if valid0 < BLOCK_N:
-            self.zero_v_rows(sK, stage_a, valid0, 0, HALF, wg_tidx, int(Bar.WG0))
-        self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_a, True)
-        warpgroup.commit_group()
-        self.mark(3, wg_tidx, full)
-        warpgroup.wait_group(0)
-        self.mark(4, wg_tidx, full)
-        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: QK and P.V done; refill it now
-        self.mark(25, wg_tidx, full)
-        if const_expr(not self.with_producer):
-            if is_producer:
-                if t0 + 2 * C < stop:
-                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t0 + 2 * C, seqlen, kv_head,
-                                    wg_tidx, page=page_a, cols=G0_COLS)
-                    prod.advance()
-        self.mark(5, wg_tidx, full)
-        # m1 = max(m0, rowmax S1) and P1 (relative to m1) from WG1 (M1 comes once both are written).
-        self.read_max(s_m, 1, other_max, tScS, int(Bar.M1))
-        self.mark(6, wg_tidx, full)
-        if has_t1:
-            self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: never read by WG0 (after M1: see docstring)
-        softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
-        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-        if has_t1:
-            prod = self.wg0_tail(t0, t1, b0, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r, kv_head, wg_tidx,
-                                 is_producer, acc_s, acc_o, tSrQ, tSrK, tOrV_ss, tOrP_other, tma_k, mK, sK,
-                                 mBlockTable, page_b)
-        return prod
-
-    @cute.jit
     def wg0_tail(self, t0, t1, b0, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r, kv_head, wg_tidx, is_producer,
                  acc_s, acc_o, tSrQ, tSrK, tOrV_ss, tOrP_other, tma_k, mK, sK, mBlockTable, page_b):
         """WG0's end of an iteration with a t1 (P1 in smem, O_L at m1): O_L += P1.V_L(t1) (SS), then the next
@@ -731,11 +633,11 @@ class MLADecodeSeesaw(MLADecodeBase):
         return prod
 
     @cute.jit
-    def wg0_iteration_mf(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
+    def wg0_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
                          kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
                          acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
                          sK, mBlockTable, scale_log2):
-        """WG0's half of one iteration in the max-first order (``max_first``); S0 = QK(t0) is in ``acc_s``
+        """WG0's half of one iteration S0 = QK(t0) is in ``acc_s``
         (retired). m0 goes to WG1 right after the softmax, before any P.V, so that WG1's softmax of t1 runs
         beside this warpgroup's P.V of t0; P0 crosses over only after m1 came back, rescaled to m1."""
         C = self.split_cluster
@@ -797,11 +699,11 @@ class MLADecodeSeesaw(MLADecodeBase):
         return prod
 
     @cute.jit
-    def wg1_iteration_mf(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
+    def wg1_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
                          kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
                          acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
                          sK, mBlockTable, scale_log2):
-        """WG1's half of one iteration in the max-first order (``max_first``); S1 = QK(t1) is in ``acc_s``
+        """WG1's half of one iteration S1 = QK(t1) is in ``acc_s``
         (retired) when there is a t1. On m0 alone: the softmax of t1 (m1), m1 back to WG0, P1 to smem and
         O_R += P1.V_R(t1) (RS); then on P0 (relative to m1) O_R += P0.V_R(t0) (SS). Ends with QK(t1') of the
         next pair retired in ``acc_s``."""
@@ -814,8 +716,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.prefetch_next_pair(is_producer, tma_k, mK, sK, t1 + 2 * C, stop, kv_head, page_b, wg_tidx)
         self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
         self.mark(13, wg_tidx, full)
-        if const_expr(not self.wg1_g0_release_late):
-            self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
+        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)  # to m0
         valid0 = seqlen - t0 * BLOCK_N
         if has_t1:
@@ -824,8 +725,6 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
             self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
             self.mark(16, wg_tidx, full)
-            if const_expr(self.wg1_g0_release_late):
-                self.loader.consumer_release(pipe_g0, a0)
             for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
                 row_scale[i] = row_scale[i] * to_m0[i]  # O_R from m to m1 in one pass
             rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
@@ -875,9 +774,10 @@ class MLADecodeSeesaw(MLADecodeBase):
                 m0s.advance()
                 m1s.advance()
                 self.mark(22, wg_tidx, full)
-                # QK(t1'): the group its loads put first (``release_order_loads``: G1, released after this
-                # warpgroup's P.V of t1; else G0, which the producer loads first).
-                if const_expr(self.load_in_release_order()):
+                # QK(t1'): the group loaded first. The producer loads in release order (``produce_pairs``): G1,
+                # freed by this warpgroup's P.V of t1, before G0, freed by WG0's P.V of t1. Without it both go
+                # out at about the same time (WG1 refills its G1s after both its P.Vs).
+                if const_expr(self.with_producer):
                     self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, G1_COLS, G0_COLS, pipe_g1, m1s,
                                              pipe_g0, m0s)
                 else:
@@ -889,8 +789,6 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.loader.consumer_release(pipe_g0, m0s)  # G0 of t1': QK was WG1's only read of it
         else:
             self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))  # m1 = m0: no t1
-            if const_expr(self.wg1_g0_release_late):
-                self.loader.consumer_release(pipe_g0, a0)
             softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
             self.loader.consumer_wait(pipe_g1, a1)
@@ -898,106 +796,6 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
             self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
             warpgroup.commit_group()
-            warpgroup.wait_group(0)
-            self.loader.consumer_release(pipe_g1, a1)
-        return prod
-
-    @cute.jit
-    def wg1_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
-                      kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max, acc_s,
-                      acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
-                      sK, mBlockTable, scale_log2):
-        """WG1's half of one iteration; S1 = QK(t1) is in ``acc_s`` (retired) when there is a t1. Ends with
-        QK(t1') of the next pair retired in ``acc_s`` (issued after WG0's QK(t0'), so WG0's softmax of
-        t0' runs beside it)."""
-        C = self.split_cluster
-        stage_a = a0.index
-        stage_b = b0.index
-        full = t1 + 2 * C < stop
-        self.mark(12, wg_tidx, full)
-        page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
-        self.prefetch_next_pair(is_producer, tma_k, mK, sK, t1 + 2 * C, stop, kv_head, page_b, wg_tidx)
-        # m0 and P0 from WG0: move to m0, then O_R += P0.V_R(t0) while the softmax of t1 runs.
-        self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
-        self.mark(13, wg_tidx, full)
-        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
-        softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
-        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-        self.loader.consumer_wait(pipe_g1, a1)
-        valid0 = seqlen - t0 * BLOCK_N
-        if valid0 < BLOCK_N:
-            self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
-        if has_t1:
-            self.mark(14, wg_tidx, full)
-            self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
-            warpgroup.commit_group()
-            self.mark(15, wg_tidx, full)
-            self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
-            # P1 (relative to m1) to smem for WG0, then m1: one hand-off (M1). sP is free: WG0's P.V that
-            # read the previous P1 retired before WG0 arrived on this iteration's M0.
-            rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
-            rP.store(acc_s.load().to(self.dtype))
-            if const_expr(self.early):
-                # PV_R(t0) has had the softmax's time: G1 of t0 (P.V and P0 read) released before P1's hand-off.
-                warpgroup.wait_group(0)
-                self.mark(18, wg_tidx, full)
-                self.loader.consumer_release(pipe_g1, a1)
-                self.mark(26, wg_tidx, full)
-            self.mark(16, wg_tidx, full)
-            cute.autovec_copy(rP, tPsP_own)
-            cute.arch.fence_view_async_shared()
-            self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
-            self.mark(17, wg_tidx, full)
-            if const_expr(not self.early):
-                warpgroup.wait_group(0)
-                self.mark(18, wg_tidx, full)
-                self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: P.V and P0 read; refill it now
-                self.mark(26, wg_tidx, full)
-            if const_expr(not self.with_producer):
-                if is_producer:
-                    if t0 + 2 * C < stop:
-                        self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t0 + 2 * C, seqlen, kv_head,
-                                        wg_tidx, page=page_a, cols=G1_COLS)
-                        prod.advance()
-            self.mark(19, wg_tidx, full)
-            softmax.rescale_rows_if_needed(acc_o_mn, row_scale)  # to m1
-            valid1 = seqlen - t1 * BLOCK_N
-            if valid1 < BLOCK_N:
-                self.zero_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1))
-            self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_b, True)
-            warpgroup.commit_group()
-            self.mark(20, wg_tidx, full)
-            warpgroup.wait_group(0)
-            self.mark(21, wg_tidx, full)
-            self.loader.consumer_release(pipe_g1, b1)
-            self.mark(27, wg_tidx, full)
-            if const_expr(not self.with_producer):
-                if is_producer:
-                    if t1 + 2 * C < stop:
-                        self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t1 + 2 * C, seqlen,
-                                        kv_head, wg_tidx, page=page_b, cols=G1_COLS)
-                        prod.advance()
-            if t1 + 2 * C < stop:
-                # QK(t1') of the next pair: group 1 (loaded by this warpgroup) first, then group 0.
-                m0s = n0.clone()
-                m1s = n1.clone()
-                m0s.advance()
-                m1s.advance()
-                self.mark(22, wg_tidx, full)
-                if const_expr(self.early):  # G0 of t1' is released first now (WG0's QK(t0') split)
-                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, G0_COLS, G1_COLS, pipe_g0, m0s,
-                                             pipe_g1, m1s)
-                else:
-                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, G1_COLS, G0_COLS, pipe_g1, m1s,
-                                             pipe_g0, m0s)
-                self.mark(23, wg_tidx, full)
-                warpgroup.wait_group(0)
-                self.mark(24, wg_tidx, full)
-                self.loader.consumer_release(pipe_g0, m0s)  # G0 of t1': QK was WG1's only read of it
-        else:
-            self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
-            warpgroup.commit_group()
-            self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))  # m1 = m0: no t1
             warpgroup.wait_group(0)
             self.loader.consumer_release(pipe_g1, a1)
         return prod

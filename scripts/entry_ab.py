@@ -36,9 +36,6 @@ def _sub(base, **attrs):
     return type(f"{base.__name__}_ab", (base,), attrs)
 
 
-# the seesaw's order before the 32nd session (P0 and m0 in one hand-off) and its register split
-_P0_FIRST = dict(max_first=False, PRODUCER_REGISTERS=(24, 240, 240))
-
 # mode -> (variant of the entry config, the kernel: None for the library's, a class, or a dict of class
 # constants set on a subclass of the library's kernel for the configuration (``launch._kernel_class``: for
 # 2wg its narrow kernel at <= 32 rows per kv head, else the 64-row one), bit-identical to the first mode)
@@ -80,24 +77,15 @@ MODES = {
     "2wg-kg2-qk-ahead-nowait": ("2wg", dict(kv_groups=2, qk_ahead=True, qk_ahead_waits_pv=False), True),
     "2wg-narrow": ("2wg", MLADecode2WGNarrow, False),  # both products transposed (at most 32 rows)
     "3wg": ("3wg", None, False),
-    "seesaw": ("seesaw", None, False),  # the library's (TMA pages: producer warpgroup, early releases, L2 ahead at 128+ rows)
-    # the consumer-issued loads of the 29th session (and the early releases off: bit-identical to it)
-    "seesaw-29th": ("seesaw", dict(producer_warpgroup=False, producer_l2_ahead=False, early_releases=False, **_P0_FIRST), False),
-    "seesaw-l2-next": ("seesaw", dict(producer_warpgroup=False, producer_l2_ahead=False, early_releases=False,
-                                      l2_prefetch_next_pair=True, **_P0_FIRST), False),  # 29th + next pair into L2 by its loaders
+    "seesaw": ("seesaw", None, False),  # the library's (max-first order; TMA pages: producer warpgroup, L2 ahead at 128+ rows)
+    # the scoring warpgroups issue the loads, as on the gather pages (QK(t1') takes G0 first: other sums)
+    "seesaw-consumer-loads": ("seesaw", dict(producer_warpgroup=False), False),
     "seesaw-evict-first": ("seesaw", dict(kv_l2_hint="evict_first"), False),
-    "seesaw-producer": ("seesaw", dict(producer_l2_ahead=False, early_releases=False, **_P0_FIRST), False),  # the producer alone
-    "seesaw-producer-l2": ("seesaw", dict(early_releases=False, **_P0_FIRST), False),  # + tile t+2 into L2
-    "seesaw-early": ("seesaw", dict(producer_warpgroup=False, producer_l2_ahead=False, **_P0_FIRST), False),  # early releases alone
     "seesaw-no-l2": ("seesaw", dict(producer_l2_ahead=False), True),  # the library's without the L2 prefetch
     "seesaw-mc": ("seesaw", dict(multicast_cluster=True), True),  # in a multicast cluster (the config's, 2wg's)
     # the K waits in front of a QK poll (test_wait) instead of try_wait (``k_wait_spin``, 31st session)
-    "seesaw-try": ("seesaw", dict(k_wait_spin=False), True),  # the seesaw's QK waits by try_wait (before)
+    "seesaw-spin": ("seesaw", dict(k_wait_spin=True), True),
     "2wg-spin": ("2wg", dict(k_wait_spin=True), True),
-    # the 32nd session's max-first order (``max_first``: m0 crosses before P0, WG1's softmax beside WG0's P.V)
-    "seesaw-p0-first": ("seesaw", dict(_P0_FIRST), False),  # the form before it (P0 and m0 in one hand-off)
-    "seesaw-tile-order": ("seesaw", dict(release_order_loads=False), False),  # the producer's loads in tile order
-    "seesaw-g0-late": ("seesaw", dict(wg1_g0_release_late=True), True),  # WG1's G0(t0) release after M1
 }
 
 
@@ -117,7 +105,11 @@ def mode_entries(dec, modes, compiled: dict) -> dict:
         key = (dataclasses.replace(base, variant=variant), mode)
         if key not in compiled:
             if isinstance(cls, dict):
-                cls = _sub(_kernel_class(variant, key[0]), **cls)
+                kernel = _kernel_class(variant, key[0])
+                unknown = [name for name in cls if not hasattr(kernel, name)]
+                if unknown:  # a constant the kernel no longer has would be set and ignored
+                    raise SystemExit(f"mode {mode}: {kernel.__name__} has no class constant {unknown}")
+                cls = _sub(kernel, **cls)
             compiled[key] = compile_entry(key[0], kernel_class=cls)
         entries[mode] = compiled[key]
     return entries

@@ -30,33 +30,25 @@ from pipelines.variant_seesaw import MLADecodeSeesaw  # noqa: E402
 from entry_ab import MODES  # noqa: E402
 from probe_setup import cta_row  # noqa: E402
 
+# ``mark`` numbers of the library's (max-first) iteration; "(unused)" numbers are not stamped
 EVENTS = (
     # WG0 (thread 0)
-    "wg0 start (S0 ready)", "wg0 softmax0 done", "wg0 P0 stored, M0 arrived", "wg0 PV_L(t0) issued",
-    "wg0 PV_L(t0) retired", "wg0 G0 refill issued", "wg0 M1 passed", "wg0 rescaled, t1's G0 landed",
-    "wg0 PV_L(t1) issued", "wg0 QK(t0') issued", "wg0 PV_L(t1) retired", "wg0 QK(t0') retired",
+    "wg0 start (S0 ready)", "wg0 softmax0 done, M0 (m0) arrived", "wg0 P0 stored (to m1), P0 arrived",
+    "wg0 PV_L(t0) issued", "wg0 PV_L(t0) retired", "wg0 G0 refill issued", "wg0 M1 passed",
+    "wg0 P1 passed, t1's G0 landed", "wg0 PV_L(t1) issued", "wg0 QK(t0') issued", "wg0 PV_L(t1) retired",
+    "wg0 QK(t0') retired",
     # WG1 (thread 128)
-    "wg1 start", "wg1 M0 passed", "wg1 rescaled, t0's G1 landed", "wg1 PV_R(t0) issued", "wg1 softmax1 done",
-    "wg1 P1 stored, M1 arrived", "wg1 PV_R(t0) retired", "wg1 G1 refill issued", "wg1 PV_R(t1) issued",
-    "wg1 PV_R(t1) retired", "wg1 G1 refill issued (t1')", "wg1 QK(t1') issued", "wg1 QK(t1') retired",
+    "wg1 start", "wg1 M0 passed", "wg1 P0 passed", "wg1 PV_R(t0) issued, P1 arrived",
+    "wg1 softmax1 done, M1 arrived", "wg1 P1 stored", "wg1 PV_R(t0) retired", "(unused)", "wg1 PV_R(t1) issued",
+    "wg1 PV_R(t1) retired", "wg1 before QK(t1')", "wg1 QK(t1') issued", "wg1 QK(t1') retired",
     # added later (the order of ``mark`` numbers in the library)
     "wg0 t0's G0 released", "wg1 t0's G1 released", "wg1 t1's G1 released",
 )
-# the same ``mark`` numbers in the max-first order (``max_first``, the library's since the 32nd session)
-EVENTS_MAX_FIRST = dict(enumerate(EVENTS)) | {
-    1: "wg0 softmax0 done, M0 (m0) arrived", 2: "wg0 P0 stored (to m1), P0 arrived", 6: "wg0 M1 passed",
-    13: "wg1 M0 passed", 14: "wg1 P0 passed", 15: "wg1 PV_R(t0) issued, P1 arrived",
-    16: "wg1 softmax1 done, M1 arrived", 17: "wg1 P1 stored", 18: "wg1 PV_R(t0) retired", 19: "(unused)",
-    20: "wg1 PV_R(t1) issued",
-    21: "wg1 PV_R(t1) retired", 22: "wg1 before QK(t1')", 26: "wg1 t0's G1 released", 27: "wg1 t1's G1 released",
-}
 WG1_EVENTS = set(range(12, 25)) | {26, 27}
 SLOTS = 2 * len(EVENTS)
 # --form: class constants set on the probed kernel ("library": none), those of entry_ab's seesaw modes
-FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-29th", "seesaw-producer",
-                                                                   "seesaw-producer-l2", "seesaw-early",
-                                                                   "seesaw-try", "seesaw-p0-first",
-                                                                   "seesaw-tile-order", "seesaw-g0-late")}}
+FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-consumer-loads", "seesaw-spin",
+                                                                   "seesaw-no-l2")}}
 MAX_CTAS = 1024
 
 
@@ -106,7 +98,7 @@ def probe_class(base: int, overrides: dict | None = None):
     return Probed
 
 
-def report(label: str, buf, names=EVENTS) -> None:
+def report(label: str, buf) -> None:
     rows = buf.double()
     sums, counts = rows[:, 0::2], rows[:, 1::2]
     used = counts[:, 0] > 0
@@ -115,8 +107,8 @@ def report(label: str, buf, names=EVENTS) -> None:
     print(f"{label}: {int(used.sum())} CTAs, {float(counts[used, 0].mean()):.1f} full iterations each")
     for group in (sorted(set(range(len(EVENTS))) - WG1_EVENTS), sorted(WG1_EVENTS)):
         for i in sorted(group, key=lambda e: float(rel[e])):
-            if names[i] != "(unused)":
-                print(f"  {names[i]:<34} {float(rel[i]):8.0f}")
+            if EVENTS[i] != "(unused)":
+                print(f"  {EVENTS[i]:<34} {float(rel[i]):8.0f}")
         print("  --")
 
 
@@ -139,9 +131,7 @@ def main(argv=None) -> int:
                                     variant="seesaw")
         times = replay_last_clean(graph, buf, args.replays)
         form = "seesaw" if args.form == "library" else f"seesaw ({args.form})"
-        max_first = FORMS[args.form].get("max_first", MLADecodeSeesaw.max_first)
-        names = tuple(EVENTS_MAX_FIRST[i] for i in range(len(EVENTS))) if max_first else EVENTS
-        report(f"{cfg.label()} {form} (median replay {statistics.median(times):.1f} us)", buf.cpu(), names)
+        report(f"{cfg.label()} {form} (median replay {statistics.median(times):.1f} us)", buf.cpu())
     return 0
 
 
