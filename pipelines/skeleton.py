@@ -562,17 +562,22 @@ class MLADecodeBase:
         return row_limit
 
     @cute.jit
-    def softmax_tile(self, acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2):
-        """Mask the keys past each row's limit (only tail tiles can have any), then the online
-        softmax step in place: S becomes unnormalised P (fp32), ``row_scale`` the factor for O."""
+    def mask_tile(self, acc_s, blk, seqlen, row_limit, tScS):
+        """-inf for the keys past each row's limit (only tail tiles can have any)."""
         s_mn = layouts.acc_mn_view(acc_s)
         if (blk + 1) * BLOCK_N > seqlen - (self.s_q - 1):
             for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
                 for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
                     if blk * BLOCK_N + tScS[i, j][1] >= row_limit[i]:
                         s_mn[i, j] = -Float32.inf
-        softmax.online_softmax_step(s_mn, row_max, row_sum, row_scale, scale_log2, lazy=self.lazy_rescale,
-                                    tree=self.softmax_tree)
+
+    @cute.jit
+    def softmax_tile(self, acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2):
+        """Mask the keys past each row's limit (``mask_tile``), then the online softmax step in place: S
+        becomes unnormalised P (fp32), ``row_scale`` the factor for O."""
+        self.mask_tile(acc_s, blk, seqlen, row_limit, tScS)
+        softmax.online_softmax_step(layouts.acc_mn_view(acc_s), row_max, row_sum, row_scale, scale_log2,
+                                    lazy=self.lazy_rescale, tree=self.softmax_tree)
 
     @cute.jit
     def tma_load_q(self, tma_q, mQ, sQ, pipe_q, q_state, m_block: Int32, kv_head: Int32, r: Int32):

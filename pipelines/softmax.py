@@ -50,6 +50,33 @@ def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
                                                           lazy)
 
 
+@cute.jit
+def tile_row_max(s_mn: cute.Tensor, out: cute.Tensor, tree: cutlass.Constexpr[bool] = False):
+    """Each row's max over the scores ``s_mn`` alone (reduced over the quad that shares the row), for an
+    ``online_softmax_step_from`` once the running max is known: max is exact, so the step gives what
+    ``online_softmax_step`` gives."""
+    for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+        m = s_mn[i, 0]
+        if const_expr(tree):
+            m = _tree_max([s_mn[i, j] for j in range(cute.size(s_mn, mode=[1]))])
+        else:
+            for j in cutlass.range_constexpr(1, cute.size(s_mn, mode=[1])):
+                m = cute.arch.fmax(m, s_mn[i, j])
+        out[i] = cute.arch.warp_reduction_max(m, threads_in_group=4)
+
+
+@cute.jit
+def online_softmax_step_from(s_mn: cute.Tensor, tile_max: cute.Tensor, row_max: cute.Tensor,
+                             row_sum: cute.Tensor, row_scale: cute.Tensor, scale_log2: Float32,
+                             lazy: cutlass.Constexpr[bool] = False):
+    """``online_softmax_step`` with the rows' maxima over ``s_mn`` already taken (``tile_row_max``)."""
+    for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
+        m_prev = row_max[i]
+        m_new = cute.arch.fmax(m_prev, tile_max[i])
+        row_max[i], row_scale[i], row_sum[i] = settle_max(s_mn[i, None], m_prev, m_new, row_sum[i], scale_log2,
+                                                          lazy)
+
+
 def _tree_max(vals: list):
     """max of ``vals`` as a pairwise tree (plain Python, run while tracing: the DSL rewrites the control
     flow of jit functions only)."""

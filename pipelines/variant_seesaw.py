@@ -142,6 +142,12 @@ class MLADecodeSeesaw(MLADecodeBase):
     # the max-first order it is 1-4% slower (paired on an H100, docs/perf-notes.md, thirty-second session:
     # entry_ab mode ``seesaw-spin``). A class constant (an A/B sets it).
     k_wait_spin = False
+    # WG1 takes S1's row maxima before it waits for m0 (M0), while WG0 runs its softmax, so that after M0 only
+    # the exponentials remain on its path. A class constant (an A/B sets it).
+    wg1_max_ahead = True
+    # The producer polls each empty barrier (``spin_empty``) before its acquire, which otherwise sleeps in
+    # try_wait between checks: a refill is on the next QK's path. A class constant (an A/B sets it).
+    producer_spin = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -380,6 +386,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         for t0 in cutlass.range(start, stop, 2 * C, unroll=1):
             t1 = t0 + C
             page0 = self.loader.page_id(mBlockTable, r, t0, seqlen, wg_tidx)
+            self.spin_empty(pipe_g0, p0)
             self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t0, seqlen, kv_head, wg_tidx,
                                   page=page0, cols=G0_COLS)
             p0.advance()
@@ -387,16 +394,20 @@ class MLADecodeSeesaw(MLADecodeBase):
                 page1 = self.loader.page_id(mBlockTable, r, t1, seqlen, wg_tidx)
                 q1 = p1.clone()
                 q1.advance()
+                self.spin_empty(pipe_g1, q1)
                 self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx,
                                       page=page1, cols=G1_COLS)
+                self.spin_empty(pipe_g1, p1)
                 self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
                                       page=page0, cols=G1_COLS)
+                self.spin_empty(pipe_g0, p0)
                 self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t1, seqlen, kv_head, wg_tidx,
                                       page=page1, cols=G0_COLS)
                 p0.advance()
                 p1.advance()
                 p1.advance()
             else:
+                self.spin_empty(pipe_g1, p1)
                 self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
                                       page=page0, cols=G1_COLS)
                 p1.advance()
@@ -407,6 +418,16 @@ class MLADecodeSeesaw(MLADecodeBase):
                         page_ahead = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
                         self.loader.prefetch_tile(tma_k, mK, sK, blk, kv_head, page_ahead, wg_tidx)
         return p0, p1
+
+    @cute.jit
+    def spin_empty(self, pipe, state):
+        """With ``producer_spin``: poll (``mbarrier.test_wait``) until the stage's group is free, so that the
+        loader's acquire then passes at once instead of sleeping in try_wait. No-op otherwise."""
+        if const_expr(self.producer_spin):
+            bar = pipe.sync_object_empty.get_barrier(state.index)
+            done = cute.arch.mbarrier_test_wait(bar, state.phase)
+            while not done:
+                done = cute.arch.mbarrier_test_wait(bar, state.phase)
 
     @cute.jit
     def finish_chunk(self, me: cutlass.Constexpr[int], wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o,
@@ -714,6 +735,12 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.mark(12, wg_tidx, full)
         page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
         self.prefetch_next_pair(is_producer, tma_k, mK, sK, t1 + 2 * C, stop, kv_head, page_b, wg_tidx)
+        tile_max = cute.make_rmem_tensor_like(row_max)
+        if const_expr(self.wg1_max_ahead):
+            # S1's row maxima while WG0 runs its softmax: after M0 only m1 = max(m0, them) and the exponentials.
+            if has_t1:
+                self.mask_tile(acc_s, t1, seqlen, row_limit, tScS)
+                softmax.tile_row_max(layouts.acc_mn_view(acc_s), tile_max, self.softmax_tree)
         self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
         self.mark(13, wg_tidx, full)
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
@@ -722,7 +749,11 @@ class MLADecodeSeesaw(MLADecodeBase):
         if has_t1:
             to_m0 = cute.make_rmem_tensor_like(row_scale)
             to_m0.store(row_scale.load())
-            self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+            if const_expr(self.wg1_max_ahead):
+                softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), tile_max, row_max, row_sum, row_scale,
+                                                 scale_log2, self.lazy_rescale)
+            else:
+                self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
             self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
             self.mark(16, wg_tidx, full)
             for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):

@@ -85,6 +85,8 @@ MODES = {
     "seesaw-mc": ("seesaw", dict(multicast_cluster=True), True),  # in a multicast cluster (the config's, 2wg's)
     # the K waits in front of a QK poll (test_wait) instead of try_wait (``k_wait_spin``, 31st session)
     "seesaw-spin": ("seesaw", dict(k_wait_spin=True), True),
+    "seesaw-max-after": ("seesaw", dict(wg1_max_ahead=False), True),  # WG1's row maxima after M0 (before)
+    "seesaw-producer-spin": ("seesaw", dict(producer_spin=True), True),  # the producer polls its empty barriers
     "2wg-spin": ("2wg", dict(k_wait_spin=True), True),
 }
 
