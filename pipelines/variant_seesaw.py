@@ -148,6 +148,9 @@ class MLADecodeSeesaw(MLADecodeBase):
     # The producer polls each empty barrier (``spin_empty``) before its acquire, which otherwise sleeps in
     # try_wait between checks: a refill is on the next QK's path. A class constant (an A/B sets it).
     producer_spin = False
+    # S zeroed once P is in bf16 registers (``clear_s``); WG0 then rescales P0 to m1 from its bf16 copy. A
+    # class constant (an A/B sets it).
+    clear_p = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -577,6 +580,15 @@ class MLADecodeSeesaw(MLADecodeBase):
                                 cute.prefetch(tma_k, tKgK[None, in_page, blocks[w::4][c], kv_head, page])
 
     @cute.jit
+    def clear_s(self, acc_s):
+        """With ``clear_p``: zero S once its P is in bf16 registers. Why: S is carried around the loop (the
+        next pair's QK refills it, but not on every path), so P's fp32 values stayed live past the P.V and
+        ptxas recomputed the tile's 32 exponentials to keep them (seen in the SASS: 32 FFMA + 32 MUFU.EX2 per
+        tile and warpgroup, off the softmax). No-op otherwise."""
+        if const_expr(self.clear_p):
+            acc_s.fill(0.0)
+
+    @cute.jit
     def issue_qk_two_groups(self, acc_s, tSrQ, tSrK, stage, first_cols: cutlass.Constexpr,
                             second_cols: cutlass.Constexpr, pipe_first, state_first, pipe_second, state_second):
         """S = Q.K^T of the tile in ``stage``, behind whatever wgmma group the caller has in flight: the
@@ -672,6 +684,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.mark(1, wg_tidx, full)
         rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
         rP.store(acc_s.load().to(self.dtype))
+        self.clear_s(acc_s)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         valid0 = seqlen - t0 * BLOCK_N
         if valid0 < BLOCK_N:
@@ -704,7 +717,12 @@ class MLADecodeSeesaw(MLADecodeBase):
         for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
             need = need or row_scale[i] != Float32(1.0)
         if cute.arch.vote_any_sync(need):
-            softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
+            if const_expr(self.clear_p):  # from the bf16 P0 (S is cleared): rounded twice
+                p_mn = layouts.acc_mn_view(acc_s)
+                acc_s.store(rP.load().to(Float32))
+                softmax.rescale_rows(p_mn, row_scale)
+            else:
+                softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
             rP.store(acc_s.load().to(self.dtype))
             cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
         cute.arch.fence_view_async_shared()
@@ -760,6 +778,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 row_scale[i] = row_scale[i] * to_m0[i]  # O_R from m to m1 in one pass
             rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
             rP.store(acc_s.load().to(self.dtype))
+            self.clear_s(acc_s)
             softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
             valid1 = seqlen - t1 * BLOCK_N
             if valid1 < BLOCK_N:

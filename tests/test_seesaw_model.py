@@ -3,8 +3,8 @@ lazy rescaling (pipelines/softmax.py), checked against a plain softmax on the CP
 
 The model keeps what the kernel keeps: one running max per row shared by the two warpgroups, a row
 sum per warpgroup, O split in two column halves, P rounded to bf16 before each P.V, m1 = max(m0, rowmax
-S1) computed by WG1 from WG0's m0 alone, P0 handed over only after m1 (rescaled to m1 in fp32, rounded
-again), the max moved only by more than ``LAZY_RESCALE_LOG2`` (log2 units), and a chunk that ends on an
+S1) computed by WG1 from WG0's m0 alone, P0 handed over only after m1 (its bf16 values rescaled to m1,
+rounded again), the max moved only by more than ``LAZY_RESCALE_LOG2`` (log2 units), and a chunk that ends on an
 iteration without t1.
 """
 from __future__ import annotations
@@ -87,11 +87,12 @@ def seesaw_model(scores: torch.Tensor, v: torch.Tensor, scale: float):
         else:
             m1 = m0
             o_r = o_r * f0[:, None]
-        # WG0 on m1: its sums and O_L to m1; P0 rescaled to m1 in fp32 and rounded again for WG1.
+        # WG0 on m1: its sums and O_L to m1; P0 rescaled to m1 from its bf16 copy and rounded again for WG1
+        # (the kernel clears S once P is in bf16, ``clear_p``).
         g = _factor(m0, m1, c)
         l0 = l0 * g
         o_l = o_l * g[:, None]
-        p0_to_m1 = (p0_fp32 * g[:, None]).to(torch.bfloat16).to(torch.float32)
+        p0_to_m1 = (p0 * g[:, None]).to(torch.bfloat16).to(torch.float32)
         # WG1: O_R += P0.V_R(t0); WG0: O_L += P1.V_L(t1).
         o_r = o_r + p0_to_m1 @ v0[:, half:]
         if t1 < n_tiles:
