@@ -87,7 +87,7 @@ MODES = {
     "seesaw-spin": ("seesaw", dict(k_wait_spin=True), True),
     "seesaw-max-after": ("seesaw", dict(wg1_max_ahead=False), True),  # WG1's row maxima after M0 (before)
     "seesaw-producer-spin": ("seesaw", dict(producer_spin=True), True),  # the producer polls its empty barriers
-    "seesaw-keep-p": ("seesaw", dict(clear_p=False), True),  # S not cleared after P's conversion (before)
+    "seesaw-keep-p": ("seesaw", dict(clear_p=False), False),  # S not cleared after P's conversion (before)
     "2wg-spin": ("2wg", dict(k_wait_spin=True), True),
 }
 
