@@ -23,9 +23,10 @@ previous iteration):
 Both now hold O relative to m1, which becomes m. Why this order: in the one before it (P0 and m0 in one
 hand-off, WG1's P.V of t0 before its softmax) ``scripts/seesaw_timeline.py`` showed WG1 waiting about 900
 cycles per iteration for P0's store before its softmax could start; here WG1's softmax runs beside WG0's
-P.V of t0 (the iteration about 9% shorter on the timeline; 0.5-3.4% faster paired on an H100,
+P.V of t0 (the iteration about 9% shorter on the timeline; up to 3.4% faster paired on an H100,
 docs/perf-notes.md, thirty-second session). A P tile goes to smem while the P.V that reads it from
-registers runs, off the path.
+registers runs, off the path; WG1 takes S1's row maxima before M0 (``wg1_max_ahead``); S is cleared once P
+is in bf16 registers (``clear_p``).
 Why the next pair's QK at the end of the iteration, staggered: WG0's QK(t0') goes into the tensor pipe
 before WG1's QK(t1'), so that WG0's softmax of t0' can run while WG1's QK keeps the tensor cores busy.
 The row sums stay per warpgroup (both relative to the same max) and are added at the end of a chunk.
@@ -47,7 +48,7 @@ request's Q and first tiles go out while the current chunk still computes. On th
 copies need the producer threads' registers) the scoring warpgroups load instead: WG0 every G0 and Q, WG1
 every G1, each group by the warpgroup that finishes with it last. With the producer, ``early_releases``
 splits WG0's QK(t0') to release G0 of t1 between its halves. Without a multicast cluster
-(``multicast_cluster``). Where it stands: 7-14% slower than 2wg at 128 and 256 rows on an H100
+(``multicast_cluster``). Where it stands: 3-11% slower than 2wg at 128 and 256 rows on an H100, paired
 (docs/perf-notes.md, thirty-second session), so ``auto`` does not pick it.
 
 Named barriers (``Bar``, 256 threads unless noted): M0 (WG0 -> WG1: m0 written), M1 (WG1 -> WG0: m1
@@ -143,13 +144,16 @@ class MLADecodeSeesaw(MLADecodeBase):
     # entry_ab mode ``seesaw-spin``). A class constant (an A/B sets it).
     k_wait_spin = False
     # WG1 takes S1's row maxima before it waits for m0 (M0), while WG0 runs its softmax, so that after M0 only
-    # the exponentials remain on its path. A class constant (an A/B sets it).
+    # the exponentials remain on its path. Paired on an H100 (thirty-second session, mode ``seesaw-max-after``):
+    # up to 1.5% faster (b64 s1 h128 1024), 0.1-0.5% slower at b128 s2 h128 4096; bit-identical. A class
+    # constant (an A/B sets it).
     wg1_max_ahead = True
     # The producer polls each empty barrier (``spin_empty``) before its acquire, which otherwise sleeps in
-    # try_wait between checks: a refill is on the next QK's path. A class constant (an A/B sets it).
+    # try_wait between checks: a refill is on the next QK's path. Off: paired (mode ``seesaw-producer-spin``)
+    # 1-2% faster at b128 s2 h128 4096, 0.3-0.7% slower on three other rows. A class constant (an A/B sets it).
     producer_spin = False
-    # S zeroed once P is in bf16 registers (``clear_s``); WG0 then rescales P0 to m1 from its bf16 copy. A
-    # class constant (an A/B sets it).
+    # S zeroed once P is in bf16 registers (``clear_s``); WG0 then rescales P0 to m1 from its bf16 copy. Paired
+    # (mode ``seesaw-keep-p``): 2-4.5% faster on four rows, bit-identical there. A class constant (an A/B sets it).
     clear_p = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
