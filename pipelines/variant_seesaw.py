@@ -831,12 +831,11 @@ class MLADecodeSeesaw(MLADecodeBase):
                 # QK(t1'): the group loaded first. The producer loads in release order (``produce_pairs``): G1,
                 # freed by this warpgroup's P.V of t1, before G0, freed by WG0's P.V of t1. Without it both go
                 # out at about the same time (WG1 refills its G1s after both its P.Vs).
-                if const_expr(self.with_producer):
-                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, G1_COLS, G0_COLS, pipe_g1, m1s,
-                                             pipe_g0, m0s)
-                else:
-                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, G0_COLS, G1_COLS, pipe_g0, m0s,
-                                             pipe_g1, m1s)
+                first, second = (G1_COLS, pipe_g1, m1s), (G0_COLS, pipe_g0, m0s)
+                if const_expr(not self.with_producer):
+                    first, second = second, first
+                self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, first[0], second[0], first[1], first[2],
+                                         second[1], second[2])
                 self.mark(23, wg_tidx, full)
                 warpgroup.wait_group(0)
                 self.mark(24, wg_tidx, full)
