@@ -83,8 +83,9 @@ class MLADecodeBase:
     # ``spin``) instead of ``try_wait``, whose SASS sleeps between checks (``NANOSLEEP.SYNCS``) and may wake
     # after the stage landed. Only the QK's waits: in the seesaw, with its P.V waits polling too, the gain
     # fell from 2.5-3.7% to 0.4-0.8% (a polling warp takes issue slots from the other warpgroup). 2wg and
-    # seesaw read it; on in the seesaw, off in 2wg (paired on an H100, within +-0.7% on four 128- and
-    # 256-row rows; docs/perf-notes.md, thirty-first session). A class constant (an A/B sets it).
+    # seesaw read it; off in both: in 2wg within +-0.7% on four 128- and 256-row rows (thirty-first session),
+    # in the seesaw's max-first order 1-4% slower (thirty-second session; paired on an H100,
+    # docs/perf-notes.md). A class constant (an A/B sets it).
     k_wait_spin = False
     # Programmatic dependent launch of this kernel (``dependent_launch``): the grid may be scheduled
     # while the kernel before it in the stream (the previous decode's merge, the split planner)
