@@ -378,3 +378,25 @@ def test_narrow_kernel_transposes_both_products():
         MLADecode2WGNarrow(cutlass_bf16(), 16, 1, 64, False, 1, True, 4)
     with pytest.raises(ValueError, match="l2_prefetch_ahead"):  # the 64-row kernel's per-tile prefetch only
         type("Prefetching", (MLADecode2WGNarrow,), {"l2_prefetch_ahead": 2})(cutlass_bf16(), 16, 1, 64, False)
+
+
+@pytest.mark.skipif(compile_check.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
+def test_seesaw_computes_each_exponential_once():
+    # S is carried around the seesaw's loop; with its fp32 P left in S's registers ptxas recomputed each tile's
+    # 32 exponentials per warpgroup to keep them alive (docs/perf-notes.md, thirty-second session).
+    # ``clear_p`` zeroes S once P is in bf16: the kernel must then hold at least 2 x 32 MUFU.EX2 fewer.
+    import tempfile
+
+    from pipelines import launch
+    from pipelines.variant_seesaw import MLADecodeSeesaw
+
+    config = launch.DecodeConfig.make("seesaw", "bfloat16", 128, 2, 64, True)
+    exps = {}
+    for clear in (True, False):
+        kernel = type("Seesaw", (MLADecodeSeesaw,), {"clear_p": clear})
+        with tempfile.TemporaryDirectory() as d:
+            fn = launch.compile_entry(config, options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {d}",
+                                      kernel_class=kernel)
+            sass = compile_check.disassemble(compile_check.find_nvdisasm(), fn.artifacts.CUBIN, d)
+        exps[clear] = len(re.findall(r"MUFU\.EX2", sass))
+    assert exps[True] + 64 <= exps[False], exps
