@@ -103,6 +103,15 @@ from cutlass.cute.nvgpu import cpasync  # noqa: E402
 from cutlass._mlir.dialects import llvm  # noqa: E402
 
 
+@cute.jit
+def poll_barrier(bar, phase):
+    """Wait for the mbarrier ``bar`` to complete ``phase`` by polling ``mbarrier.test_wait`` (no sleep between
+    checks, unlike try_wait's ``NANOSLEEP.SYNCS``)."""
+    done = cute.arch.mbarrier_test_wait(bar, phase)
+    while not done:
+        done = cute.arch.mbarrier_test_wait(bar, phase)
+
+
 class PagedKVLoader:
     """What a loader tells the kernel (static, host side) and the calls the kernel makes (device side).
 
@@ -136,10 +145,7 @@ class PagedKVLoader:
         instead of ``try_wait``, whose SASS sleeps between checks (``NANOSLEEP.SYNCS``), so the warp wakes
         later than the phase completes (a kernel's ``k_wait_spin``)."""
         if const_expr(spin):
-            bar = pipe.sync_object_full.get_barrier(state.index)
-            done = cute.arch.mbarrier_test_wait(bar, state.phase)
-            while not done:
-                done = cute.arch.mbarrier_test_wait(bar, state.phase)
+            poll_barrier(pipe.sync_object_full.get_barrier(state.index), state.phase)
         else:
             pipe.consumer_wait(state)
 

@@ -122,13 +122,19 @@ def rescale_rows(o_mn: cute.Tensor, row_scale: cute.Tensor):
 
 
 @cute.jit
-def rescale_rows_if_needed(o_mn: cute.Tensor, row_scale: cute.Tensor):
-    """``rescale_rows``, skipped by a whole warp when every factor of its threads is exactly 1 (the
-    common case with lazy rescaling): 128 FMULs per thread less on the softmax warpgroup's path."""
+def warp_needs_rescale(row_scale: cute.Tensor):
+    """Whether any thread of the warp has a factor other than exactly 1 (warp-uniform)."""
     need = False
     for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
         need = need or row_scale[i] != Float32(1.0)
-    if cute.arch.vote_any_sync(need):
+    return cute.arch.vote_any_sync(need)
+
+
+@cute.jit
+def rescale_rows_if_needed(o_mn: cute.Tensor, row_scale: cute.Tensor):
+    """``rescale_rows``, skipped by a whole warp when every factor of its threads is exactly 1 (the
+    common case with lazy rescaling): 128 FMULs per thread less on the softmax warpgroup's path."""
+    if warp_needs_rescale(row_scale):
         rescale_rows(o_mn, row_scale)
 
 

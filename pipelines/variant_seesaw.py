@@ -431,10 +431,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         """With ``producer_spin``: poll (``mbarrier.test_wait``) until the stage's group is free, so that the
         loader's acquire then passes at once instead of sleeping in try_wait. No-op otherwise."""
         if const_expr(self.producer_spin):
-            bar = pipe.sync_object_empty.get_barrier(state.index)
-            done = cute.arch.mbarrier_test_wait(bar, state.phase)
-            while not done:
-                done = cute.arch.mbarrier_test_wait(bar, state.phase)
+            paged_kv.poll_barrier(pipe.sync_object_empty.get_barrier(state.index), state.phase)
 
     @cute.jit
     def finish_chunk(self, me: cutlass.Constexpr[int], wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o,
@@ -671,12 +668,12 @@ class MLADecodeSeesaw(MLADecodeBase):
 
     @cute.jit
     def wg0_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
-                         kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
-                         acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
-                         sK, mBlockTable, scale_log2):
-        """WG0's half of one iteration S0 = QK(t0) is in ``acc_s``
-        (retired). m0 goes to WG1 right after the softmax, before any P.V, so that WG1's softmax of t1 runs
-        beside this warpgroup's P.V of t0; P0 crosses over only after m1 came back, rescaled to m1."""
+                      kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
+                      acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
+                      sK, mBlockTable, scale_log2):
+        """WG0's half of one iteration; S0 = QK(t0) is in ``acc_s`` (retired). m0 goes to WG1 right after the
+        softmax, before any P.V, so that WG1's softmax of t1 runs beside this warpgroup's P.V of t0; P0 crosses
+        over only after m1 came back, rescaled to m1."""
         C = self.split_cluster
         stage_a = a0.index
         full = t1 + 2 * C < stop
@@ -717,16 +714,10 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: never read by WG0 (after M1: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
         # P0 relative to m1 for WG1: written again only by the warps where the max moved.
-        need = False
-        for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
-            need = need or row_scale[i] != Float32(1.0)
-        if cute.arch.vote_any_sync(need):
+        if softmax.warp_needs_rescale(row_scale):
             if const_expr(self.clear_p):  # from the bf16 P0 (S is cleared): rounded twice
-                p_mn = layouts.acc_mn_view(acc_s)
                 acc_s.store(rP.load().to(Float32))
-                softmax.rescale_rows(p_mn, row_scale)
-            else:
-                softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
+            softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
             rP.store(acc_s.load().to(self.dtype))
             cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
         cute.arch.fence_view_async_shared()
@@ -743,13 +734,12 @@ class MLADecodeSeesaw(MLADecodeBase):
 
     @cute.jit
     def wg1_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
-                         kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
-                         acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
-                         sK, mBlockTable, scale_log2):
-        """WG1's half of one iteration S1 = QK(t1) is in ``acc_s``
-        (retired) when there is a t1. On m0 alone: the softmax of t1 (m1), m1 back to WG0, P1 to smem and
-        O_R += P1.V_R(t1) (RS); then on P0 (relative to m1) O_R += P0.V_R(t0) (SS). Ends with QK(t1') of the
-        next pair retired in ``acc_s``."""
+                      kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
+                      acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
+                      sK, mBlockTable, scale_log2):
+        """WG1's half of one iteration; S1 = QK(t1) is in ``acc_s`` (retired) when there is a t1. On m0 alone:
+        the softmax of t1 (m1), m1 back to WG0, P1 to smem and O_R += P1.V_R(t1) (RS); then on P0 (relative to
+        m1) O_R += P0.V_R(t0) (SS). Ends with QK(t1') of the next pair retired in ``acc_s``."""
         C = self.split_cluster
         stage_a = a0.index
         stage_b = b0.index
