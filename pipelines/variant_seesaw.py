@@ -148,7 +148,7 @@ class MLADecodeSeesaw(MLADecodeBase):
     # up to 1.5% faster (b64 s1 h128 1024), 0.1-0.5% slower at b128 s2 h128 4096; bit-identical. A class
     # constant (an A/B sets it).
     wg1_max_ahead = True
-    # The producer polls each empty barrier (``spin_empty``) before its acquire, which otherwise sleeps in
+    # The producer polls each empty barrier (``produce_group``) before its acquire, which otherwise sleeps in
     # try_wait between checks: a refill is on the next QK's path. Off: paired (mode ``seesaw-producer-spin``)
     # 1-2% faster at b128 s2 h128 4096, 0.3-0.7% slower on three other rows. A class constant (an A/B sets it).
     producer_spin = False
@@ -358,11 +358,10 @@ class MLADecodeSeesaw(MLADecodeBase):
     def produce(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split, tma_q, mQ,
                 tma_k, mK, mBlockTable, mSeqlens, mNumSplits, sQ, sK, pipe_q, pipe_k):
         """The producer warpgroup (``producer_warpgroup``): every load of the work list. Warp 3 loads each
-        request's Q; the loader's producer warps load every tile of the chunk, group 0 then group 1, each
-        once the stage's group is free (its empty barrier): the order in which the scoring warpgroups
-        release them (G0 of t0 after WG0's P.V of t0, G1 of t0 after WG1's, then t1's). The next
-        request's Q and first tiles go out as soon as their buffers are free, while the current chunk
-        still computes (with a split cluster only after the chunk's epilogue, which reuses the stages)."""
+        request's Q; the loader's producer warps load every tile of the chunk (``produce_pairs``), each
+        group once the stage's group is free (its empty barrier). The next request's Q and first tiles go
+        out as soon as their buffers are free, while the current chunk still computes (with a split
+        cluster only after the chunk's epilogue, which reuses the stages)."""
         C = self.split_cluster
         pipe_g0, pipe_g1 = pipe_k
         warp = cute.arch.make_warp_uniform(wg_tidx // 32)
@@ -393,30 +392,25 @@ class MLADecodeSeesaw(MLADecodeBase):
         for t0 in cutlass.range(start, stop, 2 * C, unroll=1):
             t1 = t0 + C
             page0 = self.loader.page_id(mBlockTable, r, t0, seqlen, wg_tidx)
-            self.spin_empty(pipe_g0, p0)
-            self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t0, seqlen, kv_head, wg_tidx,
-                                  page=page0, cols=G0_COLS)
+            self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t0, seqlen, kv_head, wg_tidx,
+                               page0, G0_COLS)
             p0.advance()
             if t1 < stop:
                 page1 = self.loader.page_id(mBlockTable, r, t1, seqlen, wg_tidx)
                 q1 = p1.clone()
                 q1.advance()
-                self.spin_empty(pipe_g1, q1)
-                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx,
-                                      page=page1, cols=G1_COLS)
-                self.spin_empty(pipe_g1, p1)
-                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
-                                      page=page0, cols=G1_COLS)
-                self.spin_empty(pipe_g0, p0)
-                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t1, seqlen, kv_head, wg_tidx,
-                                      page=page1, cols=G0_COLS)
+                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx,
+                                   page1, G1_COLS)
+                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
+                                   page0, G1_COLS)
+                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t1, seqlen, kv_head, wg_tidx,
+                                   page1, G0_COLS)
                 p0.advance()
                 p1.advance()
                 p1.advance()
             else:
-                self.spin_empty(pipe_g1, p1)
-                self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
-                                      page=page0, cols=G1_COLS)
+                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
+                                   page0, G1_COLS)
                 p1.advance()
             if const_expr(self.l2_ahead):
                 for ahead in cutlass.range_constexpr(2):
@@ -427,11 +421,14 @@ class MLADecodeSeesaw(MLADecodeBase):
         return p0, p1
 
     @cute.jit
-    def spin_empty(self, pipe, state):
-        """With ``producer_spin``: poll (``mbarrier.test_wait``) until the stage's group is free, so that the
-        loader's acquire then passes at once instead of sleeping in try_wait. No-op otherwise."""
+    def produce_group(self, tma_k, mK, sK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, wg_tidx, page, cols):
+        """The loader's ``load_tile`` of column group ``cols`` of tile ``blk`` into ``state``'s stage. With
+        ``producer_spin`` the producer first polls (``mbarrier.test_wait``) until the stage's group is free,
+        so that the loader's acquire then passes at once instead of sleeping in try_wait."""
         if const_expr(self.producer_spin):
             paged_kv.poll_barrier(pipe.sync_object_empty.get_barrier(state.index), state.phase)
+        self.loader.load_tile(tma_k, mK, sK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, wg_tidx, page=page,
+                              cols=cols)
 
     @cute.jit
     def finish_chunk(self, me: cutlass.Constexpr[int], wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o,
