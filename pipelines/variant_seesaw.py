@@ -283,6 +283,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
 
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
+            self.mark(28 + me, wg_tidx, True)
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
             if const_expr(not self.with_producer):
@@ -300,6 +301,7 @@ class MLADecodeSeesaw(MLADecodeBase):
             other_max = cute.make_rmem_tensor(n_rows_thr, Float32)
             row_limit = self.row_limits(seqlen, m_block, tScS)
             pipe_q.consumer_wait(q_state)
+            self.mark(30 + me, wg_tidx, True)
             # The chunk's first QK of each warpgroup (later ones go out at the end of an iteration).
             if const_expr(me == 0):
                 if start < stop:  # (an empty chunk has no tile to score)
@@ -317,10 +319,13 @@ class MLADecodeSeesaw(MLADecodeBase):
                                              pipe_g0, t1_g0)
                     warpgroup.wait_group(0)
                     self.loader.consumer_release(pipe_g0, t1_g0)  # G0 of t1: QK was WG1's only read of it
+            self.mark(32 + me, wg_tidx, True)
 
             for t0 in cutlass.range(start, stop, 2 * C, unroll=1):
                 t1 = t0 + C
                 has_t1 = t1 < stop
+                if t0 + 2 * C >= stop:
+                    self.mark(38 + me, wg_tidx, True)  # the chunk's last iteration
                 a0 = g0.clone()  # group states of t0, t1 and the next pair's t0' / t1'
                 a1 = g1.clone()
                 b0 = a0.clone()
@@ -343,6 +348,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                                               row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn, s_m,
                                               tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
                                               sK, mBlockTable, scale_log2)
+                self.mark(40 + me, wg_tidx, t1 + 2 * C < stop)  # (a full iteration returned)
                 g0.advance()
                 g1.advance()
                 if has_t1:
@@ -350,9 +356,11 @@ class MLADecodeSeesaw(MLADecodeBase):
                     g1.advance()
             pipe_q.consumer_release(q_state)
             q_state.advance()
+            self.mark(34 + me, wg_tidx, True)
 
             self.finish_chunk(me, wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, row_max, row_sum, tScS,
                               s_sum, s_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage)
+            self.mark(36 + me, wg_tidx, True)
 
     @cute.jit
     def produce(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split, tma_q, mQ,
@@ -490,7 +498,9 @@ class MLADecodeSeesaw(MLADecodeBase):
     @cute.jit
     def mark(self, event: cutlass.Constexpr[int], wg_tidx, full):
         """A probe's hook (``scripts/seesaw_timeline.py`` stamps the clock here): ``event`` of a warpgroup's
-        iteration, ``full`` when the iteration has t1 and a next pair. Nothing in the library."""
+        iteration (0-27), ``full`` when the iteration has t1 and a next pair, or of its chunk in ``role`` (28-41:
+        chunk start, Q landed, first QK retired, loop done, chunk stored, last iteration, a full iteration
+        returned; WG0's even, WG1's odd). Nothing in the library."""
         pass
 
     def spreads_copies(self) -> bool:

@@ -38,6 +38,36 @@ from pipelines import paged_kv  # noqa: E402,F401  (first: it pins the DSL's tar
 MAX_DIFF = 1e-2
 
 
+def sustained(graph, seconds: float, batch: int = 20) -> tuple[float, float, float]:
+    """``graph`` replayed back to back for ``seconds`` (batches of ``batch`` between CUDA events) while
+    ``nvidia-smi`` samples the SM clock and the power draw every 50 ms. Returns the medians over the second half
+    (the clock settles under a kernel's own load in well under a second): us per replay, MHz, W. Why: a
+    kernel's clock follows its own power draw, so two kernels' times compare as cycles only at their own clocks
+    (interleaved replays share one clock state)."""
+    import subprocess
+
+    import torch
+
+    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
+                            "-lms", "50"], stdout=subprocess.PIPE, text=True)
+    times = []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(batch):
+            graph.replay()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) * 1e3 / batch)
+    smi.terminate()
+    samples = [tuple(float(x) for x in line.split(",")) for line in smi.communicate()[0].splitlines()
+               if line.count(",") == 1]
+    half = samples[len(samples) // 2:] or [(float("nan"), float("nan"))]
+    return (statistics.median(times[len(times) // 2:]), statistics.median(m for m, _ in half),
+            statistics.median(w for _, w in half))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen[,varlen 0|1]")
@@ -47,6 +77,9 @@ def main(argv=None) -> int:
     ap.add_argument("--also", action="append", default=[], metavar="VARIANT",
                     help="another pipeline to time beside them (its own column, named by the variant)")
     ap.add_argument("--mc-off", action="store_true", help="also time --variant with MLA_MULTICAST=0 where there is a cluster")
+    ap.add_argument("--sustain", type=float, default=0.0, metavar="SECONDS",
+                    help="then replay each graph alone for this long while nvidia-smi samples the SM clock and the "
+                    "power (every 50 ms): its time, clock and cycles per call under its own sustained load")
     ap.add_argument("--json", default=None, help="write the rows here (perf_table/paired/ holds such files; "
                     "python -m perf_table regenerate shows them)")
     ap.add_argument("--commit", default=None, help="the commit measured, for --json (default: git's, if any)")
@@ -106,6 +139,12 @@ def main(argv=None) -> int:
             extra = "".join(f"  {k} {med[k]:8.1f} x{med['flash'] / med[k]:.3f}" for k in med if k not in ("flash", "ours"))
             print(f"{cfg.label():<30} flash {med['flash']:8.1f}  ours {med['ours']:8.1f}  x{med['flash'] / med['ours']:.3f}"
                   f"{extra}  maxdiff {row['maxdiff_ours']:.1e}", flush=True)
+            if args.sustain > 0:
+                for name, graph in graphs.items():
+                    row[f"sustained_{name}"] = sustained(graph, args.sustain)
+                    us, mhz, watts = row[f"sustained_{name}"]
+                    print(f"  sustained {name:<8} {us:8.1f} us  {mhz:6.0f} MHz  {watts:5.0f} W  "
+                          f"{us * mhz / 1e3:8.1f} k cycles", flush=True)
         del graphs, fns, outs, inp, ref
         torch.cuda.empty_cache()
     summary = regenerate.paired_summary(rows)

@@ -23,6 +23,7 @@ sys.path.insert(0, str(ROOT))
 from pipelines import paged_kv  # noqa: E402,F401  (first: it pins the DSL's target arch)
 
 import cutlass  # noqa: E402
+from cutlass import const_expr  # noqa: E402
 import cutlass.cute as cute  # noqa: E402
 from cutlass._mlir.dialects import llvm  # noqa: E402
 
@@ -43,9 +44,21 @@ EVENTS = (
     "wg1 PV_R(t1) retired", "wg1 before QK(t1')", "wg1 QK(t1') issued", "wg1 QK(t1') retired",
     # added later (the order of ``mark`` numbers in the library)
     "wg0 t0's G0 released", "wg1 t0's G1 released", "wg1 t1's G1 released",
+    # once per chunk (``role``), WG0 then WG1: not part of an iteration (``CHUNK_EVENTS``)
+    "wg0 chunk start", "wg1 chunk start", "wg0 Q landed", "wg1 Q landed", "wg0 first QK retired",
+    "wg1 first QK retired", "wg0 loop done", "wg1 loop done", "wg0 chunk stored", "wg1 chunk stored",
+    "wg0 last iteration", "wg1 last iteration", "wg0 iteration returned", "wg1 iteration returned",
 )
-WG1_EVENTS = set(range(12, 25)) | {26, 27}
+CHUNK_EVENTS = range(28, 40)
+WG1_EVENTS_LATE = {41}
+WG1_EVENTS = set(range(12, 25)) | {26, 27} | WG1_EVENTS_LATE
 SLOTS = 2 * len(EVENTS)
+# after the events' sums and counts, thread 0's %clock64 and %globaltimer (ns) when the roles start and end,
+# then per warpgroup the period of its full iterations: the last start's clock, the sum of start-to-start
+# cycles between two full iterations of one chunk, their count
+SPAN = 4
+PERIOD = SLOTS + SPAN
+ROW = PERIOD + 6
 # --form: class constants set on the probed kernel ("library": none), those of entry_ab's seesaw modes
 FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-consumer-loads", "seesaw-spin",
                                                                    "seesaw-no-l2", "seesaw-max-after",
@@ -61,7 +74,7 @@ def probe_class(base: int, overrides: dict | None = None):
     class Probed(MLADecodeSeesaw):
         def extra_shared_fields(self) -> dict:
             fields = dict(super().extra_shared_fields())
-            fields["probe_sums"] = cute.struct.Align[cute.struct.MemRange[cutlass.Int64, SLOTS], 16]
+            fields["probe_sums"] = cute.struct.Align[cute.struct.MemRange[cutlass.Int64, ROW], 16]
             return fields
 
         @cute.jit
@@ -70,22 +83,51 @@ def probe_class(base: int, overrides: dict | None = None):
                             scale_log2):
             sums = cutlass.Int32(storage.probe_sums.data_ptr().toint())
             self.probe_sums = sums  # read by ``mark`` while tracing (defined before every branch)
-            if tidx < SLOTS:
+            if tidx < ROW:
                 llvm.inline_asm(None, [(sums + tidx * 8).ir_value()], "st.shared.u64 [$0], 0;", "r",
                                 has_side_effects=True)
             cute.arch.sync_threads()
+            self.stamp_span(tidx, sums, 0)
             super().warpgroup_roles(tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
                                     mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k,
                                     scale_log2)
             cute.arch.sync_threads()
-            if tidx < SLOTS:
-                row = cta_row(base, SLOTS)
+            self.stamp_span(tidx, sums, 1)
+            cute.arch.sync_threads()
+            if tidx < ROW:
+                row = cta_row(base, ROW)
                 llvm.inline_asm(None, [(sums + tidx * 8).ir_value(), (row + cutlass.Int64(tidx) * 8).ir_value()],
                                 "{\n.reg .u64 v;\nld.shared.u64 v, [$0];\nst.global.u64 [$1], v;\n}", "r,l",
                                 has_side_effects=True)
 
         @cute.jit
+        def stamp_span(self, tidx, sums, end: cutlass.Constexpr[int]):
+            if tidx == 0:
+                llvm.inline_asm(None, [(sums + (SLOTS + end) * 8).ir_value()],
+                                "{\n.reg .u64 c, t;\nmov.u64 c, %clock64;\nmov.u64 t, %globaltimer;\n"
+                                f"st.shared.u64 [$0], c;\nst.shared.u64 [$0+{2 * 8}], t;\n}}", "r",
+                                has_side_effects=True)
+
+        @cute.jit
         def mark(self, event: cutlass.Constexpr[int], wg_tidx, full):
+            # Start-to-start cycles of consecutive full iterations (event 0 / 12: the first stamp of an
+            # iteration), and the last start forgotten when a chunk's loop is done (events 34 / 35).
+            if const_expr(event in (0, 12)):
+                if full:
+                    if wg_tidx == 0:
+                        slot = PERIOD + (3 if event == 12 else 0)
+                        llvm.inline_asm(None, [(self.probe_sums + slot * 8).ir_value()],
+                                        "{\n.reg .u64 c, p, s, n, d;\n.reg .pred q;\nmov.u64 c, %clock64;\n"
+                                        "ld.shared.u64 p, [$0];\nsetp.ne.u64 q, p, 0;\n"
+                                        "@q ld.shared.u64 s, [$0+8];\n@q ld.shared.u64 n, [$0+16];\n"
+                                        "@q sub.u64 d, c, p;\n@q add.u64 s, s, d;\n@q add.u64 n, n, 1;\n"
+                                        "@q st.shared.u64 [$0+8], s;\n@q st.shared.u64 [$0+16], n;\n"
+                                        "st.shared.u64 [$0], c;\n}", "r", has_side_effects=True)
+            if const_expr(event in (34, 35)):
+                if wg_tidx == 0:
+                    slot = PERIOD + (3 if event == 35 else 0)
+                    llvm.inline_asm(None, [(self.probe_sums + slot * 8).ir_value()], "st.shared.u64 [$0], 0;", "r",
+                                    has_side_effects=True)
             if full:
                 if wg_tidx == 0:
                     llvm.inline_asm(None, [(self.probe_sums + event * 16).ir_value()],
@@ -100,13 +142,47 @@ def probe_class(base: int, overrides: dict | None = None):
 
 
 def report(label: str, buf) -> None:
+    import torch
+
     rows = buf.double()
-    sums, counts = rows[:, 0::2], rows[:, 1::2]
+    sums, counts = rows[:, 0:SLOTS:2], rows[:, 1:SLOTS:2]
     used = counts[:, 0] > 0
     mean = sums[used] / counts[used].clamp(min=1)
     rel = (mean - mean[:, :1]).mean(dim=0)
     print(f"{label}: {int(used.sum())} CTAs, {float(counts[used, 0].mean()):.1f} full iterations each")
-    for group in (sorted(set(range(len(EVENTS))) - WG1_EVENTS), sorted(WG1_EVENTS)):
+    # Where a CTA's time goes: its full iterations (each one start-to-start period of WG0: the period of
+    # consecutive full iterations, measured directly; an event's offset from the start stamp is not the
+    # period, as ptxas may schedule the iteration's first instructions above that stamp) against the span from
+    # the roles' start to their end, and the SM clock over it.
+    span = rows[:, SLOTS + 1] - rows[:, SLOTS]
+    ns = rows[:, SLOTS + 3] - rows[:, SLOTS + 2]
+    live = span > 0
+    periods = []
+    for wg in (0, 1):
+        n = rows[:, PERIOD + 3 * wg + 2]
+        periods.append(torch.where(n > 0, rows[:, PERIOD + 3 * wg + 1] / n.clamp(min=1), torch.zeros_like(n)))
+    ok = periods[0] > 0
+    steady = counts[:, 0] * periods[0]
+    print(f"  CTA span: {float(span[live].mean()):.0f} cycles mean, {float(span[live].max()):.0f} max over "
+          f"{int(live.sum())} CTAs; {float(ns[live].mean()) / 1e3:.1f} us mean; SM clock "
+          f"{float((span[live] / ns[live].clamp(min=1)).median()) * 1e3:.0f} MHz")
+    qk_retired = float(rel[EVENTS.index("wg0 QK(t0') retired")])
+    print(f"  full iteration, start to start: wg0 {float(periods[0][ok].mean()):.0f}, wg1 "
+          f"{float(periods[1][periods[1] > 0].mean()):.0f} cycles (wg0's QK(t0') retired "
+          f"{qk_retired:.0f} after its start stamp); full iterations: "
+          f"{float((steady[live & ok] / span[live & ok]).mean()):.3f} of the span (mean over CTAs)")
+    # A chunk's phases (each chunk stamps every chunk event once): mean cycles from one event to the next.
+    c = [EVENTS.index(e) for e in ("wg0 chunk start", "wg1 chunk start", "wg0 Q landed", "wg1 Q landed",
+                                   "wg0 first QK retired", "wg1 first QK retired", "wg0 last iteration",
+                                   "wg1 last iteration", "wg0 loop done", "wg1 loop done", "wg0 chunk stored",
+                                   "wg1 chunk stored")]
+    chunks = counts[:, c[0]] > 0
+    cmean = (sums[chunks][:, c] / counts[chunks][:, c].clamp(min=1)).mean(dim=0)
+    print(f"  chunks: {float(counts[chunks, c[0]].mean()):.2f} per CTA; cycles from each warpgroup's chunk start:")
+    for wg in (0, 1):
+        line = ", ".join(f"{EVENTS[c[k]][4:]} {float(cmean[k] - cmean[wg]):.0f}" for k in range(wg + 2, len(c), 2))
+        print(f"    wg{wg}: {line}")
+    for group in (sorted(set(range(len(EVENTS))) - WG1_EVENTS - set(CHUNK_EVENTS)), sorted(WG1_EVENTS)):
         for i in sorted(group, key=lambda e: float(rel[e])):
             if EVENTS[i] != "(unused)":
                 print(f"  {EVENTS[i]:<34} {float(rel[i]):8.0f}")
@@ -128,7 +204,7 @@ def main(argv=None) -> int:
     print(torch.cuda.get_device_name(0), flush=True)
     for spec in args.config or ["64,32,2,128,1024"]:
         cfg = grid.Config(*(int(x) for x in spec.split(",")))
-        _, buf, graph = probe_graph(cfg, lambda base: probe_class(base, FORMS[args.form]), (MAX_CTAS, SLOTS),
+        _, buf, graph = probe_graph(cfg, lambda base: probe_class(base, FORMS[args.form]), (MAX_CTAS, ROW),
                                     variant="seesaw")
         times = replay_last_clean(graph, buf, args.replays)
         form = "seesaw" if args.form == "library" else f"seesaw ({args.form})"
