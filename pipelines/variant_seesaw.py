@@ -404,15 +404,22 @@ class MLADecodeSeesaw(MLADecodeBase):
                                page0, G0_COLS)
             p0.advance()
             if t1 < stop:
+                # (the probe's events 44-47: this pair's loads, stamped where the previous pair's iteration is
+                # a full one, which they then belong to)
+                loads_of_full = t0 > start
+                self.mark(44, wg_tidx, loads_of_full)
                 page1 = self.loader.page_id(mBlockTable, r, t1, seqlen, wg_tidx)
                 q1 = p1.clone()
                 q1.advance()
                 self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx,
                                    page1, G1_COLS)
+                self.mark(45, wg_tidx, loads_of_full)
                 self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
                                    page0, G1_COLS)
+                self.mark(46, wg_tidx, loads_of_full)
                 self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t1, seqlen, kv_head, wg_tidx,
                                    page1, G0_COLS)
+                self.mark(47, wg_tidx, loads_of_full)
                 p0.advance()
                 p1.advance()
                 p1.advance()
@@ -500,7 +507,8 @@ class MLADecodeSeesaw(MLADecodeBase):
         """A probe's hook (``scripts/seesaw_timeline.py`` stamps the clock here): ``event`` of a warpgroup's
         iteration (0-27), ``full`` when the iteration has t1 and a next pair, or of its chunk in ``role`` (28-41:
         chunk start, Q landed, first QK retired, loop done, chunk stored, last iteration, a full iteration
-        returned; WG0's even, WG1's odd). Nothing in the library."""
+        returned; WG0's even, WG1's odd), 42 / 43 when QK(t0') / QK(t1')'s refilled group landed, or of the
+        producer's warp 0 (44-47: after each load of a pair). Nothing in the library."""
         pass
 
     def spreads_copies(self) -> bool:
@@ -598,10 +606,11 @@ class MLADecodeSeesaw(MLADecodeBase):
 
     @cute.jit
     def issue_qk_two_groups(self, acc_s, tSrQ, tSrK, stage, first_cols: cutlass.Constexpr,
-                            second_cols: cutlass.Constexpr, pipe_first, state_first, pipe_second, state_second):
+                            second_cols: cutlass.Constexpr, pipe_first, state_first, pipe_second, state_second,
+                            mark_second: cutlass.Constexpr[int] = -1, wg_tidx=None, full=None):
         """S = Q.K^T of the tile in ``stage``, behind whatever wgmma group the caller has in flight: the
         column blocks of the group expected first, then the other group's, each after its full barrier;
-        committed as one group, not waited for."""
+        committed as one group, not waited for. ``mark_second``: the probe's event once the second group landed."""
         mma_qk, _, _ = self.tiled_mmas()  # fresh: its ACCUMULATE state must not escape the caller's branch
         self.loader.consumer_wait(pipe_first, state_first, self.k_wait_spin)
         # A barrier wait is a loop (a branch) inside the wgmma chain: an explicit fence after it, or ptxas
@@ -609,6 +618,8 @@ class MLADecodeSeesaw(MLADecodeBase):
         warpgroup.fence()
         self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, first_cols, True)
         self.loader.consumer_wait(pipe_second, state_second, self.k_wait_spin)
+        if const_expr(mark_second >= 0):
+            self.mark(mark_second, wg_tidx, full)
         warpgroup.fence()
         self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, second_cols, False)
         warpgroup.commit_group()
@@ -646,6 +657,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.mark(10, wg_tidx, full)
                 self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: P.V done; the producer refills it
                 self.loader.consumer_wait(pipe_g1, n1, self.k_wait_spin)
+                self.mark(42, wg_tidx, full)
                 warpgroup.fence()
                 self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G1_COLS, False)
                 warpgroup.commit_group()
@@ -832,7 +844,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 if const_expr(not self.with_producer):
                     first, second = second, first
                 self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, first[0], second[0], first[1], first[2],
-                                         second[1], second[2])
+                                         second[1], second[2], 43, wg_tidx, full)
                 self.mark(23, wg_tidx, full)
                 warpgroup.wait_group(0)
                 self.mark(24, wg_tidx, full)

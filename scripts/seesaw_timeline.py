@@ -48,9 +48,13 @@ EVENTS = (
     "wg0 chunk start", "wg1 chunk start", "wg0 Q landed", "wg1 Q landed", "wg0 first QK retired",
     "wg1 first QK retired", "wg0 loop done", "wg1 loop done", "wg0 chunk stored", "wg1 chunk stored",
     "wg0 last iteration", "wg1 last iteration", "wg0 iteration returned", "wg1 iteration returned",
+    "wg0 t0's G1 refill landed", "wg1 t1's G0 refill landed",
+    # the producer's warp 0, loads of the next pair (counted in the iteration they go out in)
+    "prod G0(t0') issued", "prod G1(t1') issued", "prod G1(t0') issued", "prod G0(t1') issued",
 )
 CHUNK_EVENTS = range(28, 40)
-WG1_EVENTS_LATE = {41}
+WG1_EVENTS_LATE = {41, 43}
+PRODUCER_EVENTS = range(44, 48)
 WG1_EVENTS = set(range(12, 25)) | {26, 27} | WG1_EVENTS_LATE
 SLOTS = 2 * len(EVENTS)
 # after the events' sums and counts, thread 0's %clock64 and %globaltimer (ns) when the roles start and end,
@@ -182,7 +186,8 @@ def report(label: str, buf) -> None:
     for wg in (0, 1):
         line = ", ".join(f"{EVENTS[c[k]][4:]} {float(cmean[k] - cmean[wg]):.0f}" for k in range(wg + 2, len(c), 2))
         print(f"    wg{wg}: {line}")
-    for group in (sorted(set(range(len(EVENTS))) - WG1_EVENTS - set(CHUNK_EVENTS)), sorted(WG1_EVENTS)):
+    for group in (sorted(set(range(len(EVENTS))) - WG1_EVENTS - set(CHUNK_EVENTS) - set(PRODUCER_EVENTS)),
+                  sorted(WG1_EVENTS), PRODUCER_EVENTS):
         for i in sorted(group, key=lambda e: float(rel[e])):
             if EVENTS[i] != "(unused)":
                 print(f"  {EVENTS[i]:<34} {float(rel[i]):8.0f}")
