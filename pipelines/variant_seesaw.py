@@ -155,12 +155,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # S zeroed once P is in bf16 registers (``clear_s``); WG0 then rescales P0 to m1 from its bf16 copy. Paired
     # (mode ``seesaw-keep-p``): 2-4.5% faster on four rows, bit-identical there. A class constant (an A/B sets it).
     clear_p = True
-    # The producer loads t0's G1 refill before t1's (``produce_pairs``), though WG1 frees t1's first: the timeline
-    # (``scripts/seesaw_timeline.py``, thirty-third session) shows each of the producer's group loads going out
-    # 500-600 cycles after the previous one, t0's G1 behind t1's, and QK(t1')'s G1 half running in the tensor
-    # pipe before QK(t0')'s, whose retirement starts the next iteration (WG0's softmax, with the tensor pipe
-    # idle), while QK(t1') is not needed before WG1's softmax, after M0. A class constant (an A/B sets it).
-    g1_t0_first = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -400,8 +394,11 @@ class MLADecodeSeesaw(MLADecodeBase):
         """The producer's loads of one chunk, pair by pair, in the order the max-first iteration frees the
         groups: G0 of t0 (after WG0's P.V of t0), G1 of t1 (after WG1's P.V of t1), G1 of t0 (after WG1's
         P.V of t0), G0 of t1 (after WG0's P.V of t1). Why: one queue in tile order would hold G1 of t1 behind
-        the two groups released after it. Each load waits only for releases of the previous pair, so the
-        order cannot deadlock. ``p0`` / ``p1`` advance in tile order as in ``produce``."""
+        the two groups released after it (and G1 of t0 before G1 of t1, so that QK(t0') gets its refill first,
+        was 0.5-3% slower on the 128-row rows, paired on an H100: the refill still lands at the same time, and
+        QK(t1') then runs into WG1's next softmax; docs/perf-notes.md, thirty-third session). Each load waits
+        only for releases of the previous pair, so the order cannot deadlock. ``p0`` / ``p1`` advance in tile
+        order as in ``produce``."""
         C = self.split_cluster
         for t0 in cutlass.range(start, stop, 2 * C, unroll=1):
             t1 = t0 + C
@@ -417,20 +414,12 @@ class MLADecodeSeesaw(MLADecodeBase):
                 page1 = self.loader.page_id(mBlockTable, r, t1, seqlen, wg_tidx)
                 q1 = p1.clone()
                 q1.advance()
-                if const_expr(self.g1_t0_first):
-                    self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
-                                       page0, G1_COLS)
-                    self.mark(46, wg_tidx, loads_of_full)
-                    self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx,
-                                       page1, G1_COLS)
-                    self.mark(45, wg_tidx, loads_of_full)
-                else:
-                    self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx,
-                                       page1, G1_COLS)
-                    self.mark(45, wg_tidx, loads_of_full)
-                    self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
-                                       page0, G1_COLS)
-                    self.mark(46, wg_tidx, loads_of_full)
+                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx,
+                                   page1, G1_COLS)
+                self.mark(45, wg_tidx, loads_of_full)
+                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
+                                   page0, G1_COLS)
+                self.mark(46, wg_tidx, loads_of_full)
                 self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t1, seqlen, kv_head, wg_tidx,
                                    page1, G0_COLS)
                 self.mark(47, wg_tidx, loads_of_full)

@@ -89,7 +89,6 @@ MODES = {
     "seesaw-max-after": ("seesaw", dict(wg1_max_ahead=False), True),  # WG1's row maxima after M0 (before)
     "seesaw-producer-spin": ("seesaw", dict(producer_spin=True), True),  # the producer polls its empty barriers
     "seesaw-keep-p": ("seesaw", dict(clear_p=False), False),  # S not cleared after P's conversion (before)
-    "seesaw-g1-t0-first": ("seesaw", dict(g1_t0_first=True), True),  # the producer loads t0's G1 before t1's
     "2wg-spin": ("2wg", dict(k_wait_spin=True), True),
 }
 

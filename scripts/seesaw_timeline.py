@@ -66,8 +66,7 @@ ROW = PERIOD + 6
 # --form: class constants set on the probed kernel ("library": none), those of entry_ab's seesaw modes
 FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-consumer-loads", "seesaw-spin",
                                                                    "seesaw-no-l2", "seesaw-max-after",
-                                                                   "seesaw-producer-spin", "seesaw-keep-p",
-                                                                   "seesaw-g1-t0-first")}}
+                                                                   "seesaw-producer-spin", "seesaw-keep-p")}}
 MAX_CTAS = 1024
 
 
