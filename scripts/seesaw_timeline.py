@@ -9,6 +9,11 @@ a count. ``%clock64`` is the SM's counter, so both warpgroups' stamps share a ti
 minus the mean of WG0's iteration start (event 0) is its mean offset into the iteration. The graph of one
 decode is replayed ``--replays`` times; sums are reset before the last replay, whose numbers are printed
 (the mean over the CTAs with full iterations). Not a benchmark: each stamp adds a few instructions.
+Also printed: each CTA's span from the roles' start to their end with the SM clock over it (``%clock64`` against
+``%globaltimer``), the start-to-start period of consecutive full iterations of each warpgroup (measured directly:
+an event's offset from the start stamp is not the period, since ptxas may schedule an iteration's first
+instructions above that stamp), each chunk's phases (chunk start, Q landed, first QK retired, last iteration, loop
+done, chunk stored), when QK(t0') / QK(t1')'s refilled groups land, and when the producer issues each load.
 """
 from __future__ import annotations
 
