@@ -126,6 +126,9 @@ class MLADecodeSeesaw(MLADecodeBase):
     # ``seesaw_timeline.py`` shows a refill landing about 2400 cycles after its release, on the next QK's
     # path. A class constant (an A/B sets it on a subclass).
     producer_l2_ahead = True
+    # The fewest m-blocks at which ``producer_l2_ahead`` prefetches (see ``__init__``). A class constant (an A/B
+    # sets it).
+    l2_ahead_min_m_blocks = 2
     # With the producer (``early``): WG0 issues QK(t0') as two commit groups and releases G0 of t1 between them,
     # once PV_L(t1) retired, instead of after the whole QK (whose G1 half waits for its refill): a refill lands
     # about 2000 cycles after its release, on a QK's path (``seesaw_timeline.py``). A class constant (an A/B
@@ -169,7 +172,8 @@ class MLADecodeSeesaw(MLADecodeBase):
         # prefetch only where several m-blocks read each tile (128+ rows: 1-4% faster with the multicast
         # cluster, more without it; at 64 rows, one m-block, memory-bound: 15-19% slower); the early releases
         # only with the producer (without it 0-1.4% slower).
-        self.l2_ahead = self.producer_l2_ahead and self.with_producer and self.num_m_blocks > 1
+        self.l2_ahead = (self.producer_l2_ahead and self.with_producer
+                         and self.num_m_blocks >= self.l2_ahead_min_m_blocks)
         self.early = self.early_releases and self.with_producer
 
     def make_pipelines(self, storage):

@@ -71,7 +71,8 @@ ROW = PERIOD + 6
 # --form: class constants set on the probed kernel ("library": none), those of entry_ab's seesaw modes
 FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-consumer-loads", "seesaw-spin",
                                                                    "seesaw-no-l2", "seesaw-max-after",
-                                                                   "seesaw-producer-spin", "seesaw-keep-p")}}
+                                                                   "seesaw-producer-spin", "seesaw-keep-p",
+                                                                   "seesaw-lsu-pf")}}
 MAX_CTAS = 1024
 
 
