@@ -158,6 +158,13 @@ class MLADecodeSeesaw(MLADecodeBase):
     # S zeroed once P is in bf16 registers (``clear_s``); WG0 then rescales P0 to m1 from its bf16 copy. Paired
     # (mode ``seesaw-keep-p``): 2-4.5% faster on four rows, bit-identical there. A class constant (an A/B sets it).
     clear_p = True
+    # Each warpgroup's proxy fence for its P tile (``fence_view_async_shared``: MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S)
+    # right after the tile's stores and off the path to the other warpgroup: WG0's behind the stores of P0
+    # while PV_L(t0) runs (again only where P0 is rewritten to m1), WG1's after its PV_R(t0) issue, before
+    # P1's arrive, instead of between M1 and P0's arrive (WG0) and between P1's stores and the P0 wait (WG1).
+    # Why: the timeline shows 420 cycles from M1 to P0's arrive in WG0 for a few instructions, and WG1 passing
+    # P0 330 cycles after WG0 arrived, still in its P1 stores and fence. A class constant (an A/B sets it).
+    early_p_fence = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -722,6 +729,8 @@ class MLADecodeSeesaw(MLADecodeBase):
         # P0 into t0's RoPE block for WG1 while the P.V runs (it only reads rP), relative to m0: with lazy
         # rescaling m1 is nearly always m0, and where it is not the tile is written again below.
         cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
+        if const_expr(self.early_p_fence):
+            cute.arch.fence_view_async_shared()
         warpgroup.wait_group(0)
         self.mark(4, wg_tidx, full)
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: QK and P.V done; refill it now
@@ -746,7 +755,10 @@ class MLADecodeSeesaw(MLADecodeBase):
             softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
             rP.store(acc_s.load().to(self.dtype))
             cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
-        cute.arch.fence_view_async_shared()
+            if const_expr(self.early_p_fence):
+                cute.arch.fence_view_async_shared()
+        if const_expr(not self.early_p_fence):
+            cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(barrier_id=int(Bar.P0), number_of_threads=256)
         self.mark(2, wg_tidx, full)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
@@ -809,7 +821,8 @@ class MLADecodeSeesaw(MLADecodeBase):
             # P1 to smem for WG0 while that P.V runs (it reads rP only). sP is free: WG0's P.V that read the
             # previous P1 retired before WG0 arrived on this iteration's M0.
             cute.autovec_copy(rP, tPsP_own)
-            cute.arch.fence_view_async_shared()
+            if const_expr(not self.early_p_fence):
+                cute.arch.fence_view_async_shared()
             self.mark(17, wg_tidx, full)
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
             self.mark(14, wg_tidx, full)
@@ -818,6 +831,8 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
             self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
             warpgroup.commit_group()
+            if const_expr(self.early_p_fence):
+                cute.arch.fence_view_async_shared()  # P1's stores, before its arrive
             cute.arch.barrier_arrive(barrier_id=int(Bar.P1), number_of_threads=256)
             self.mark(15, wg_tidx, full)
             warpgroup.wait_group(1)
