@@ -138,15 +138,6 @@ class PagedKVLoader:
         self.stages = stages
         self.cluster = cluster
         self.tile_bytes = TILE_TOKENS * head_dim * dtype.width // 8
-        # L2 prefetches (``prefetch_tile``) by the lanes' ``prefetch.global.L2`` instead of TMA (the kernel's
-        # ``kv_prefetch_lsu``); they address k_cache through ``bind_gmem``'s view.
-        self.prefetch_lsu = False
-        self.mK_gmem = None
-
-    def bind_gmem(self, mK_gmem):
-        """The kernel's (token_in_page, dim, kv_head, page) view of k_cache in global memory, for this trace
-        (the TMA loader's ``mK`` is a TMA coordinate view, which plain loads cannot address)."""
-        self.mK_gmem = mK_gmem
 
     @cute.jit
     def consumer_wait(self, pipe, state, spin: cutlass.Constexpr[bool] = False):
@@ -386,39 +377,13 @@ class TmaPagedKV(PagedKVLoader):
         and no barrier, so no stage need be free; the box's later ``load_tile`` then reads L2. Called by
         the warps that issue the tile's loads (one box per warp on every TMA path, see ``_load_boxes``)."""
         P = self.page_size
-        if const_expr(self.prefetch_lsu):
-            self._prefetch_box_lines(self.box_token(blk, producer_tidx) % P, kv_head, page, producer_tidx % 32)
+        tKsK, tKgK = self.tma_views(tma_k, mK, sK)
+        in_page = (self.box_token(blk, producer_tidx) % P) // self.box_rows
+        if const_expr(self.by_columns):
+            for c in cutlass.range_constexpr(self.head_dim // COL_BLOCK):
+                cute.prefetch(tma_k, tKgK[None, in_page, c, kv_head, page])
         else:
-            tKsK, tKgK = self.tma_views(tma_k, mK, sK)
-            in_page = (self.box_token(blk, producer_tidx) % P) // self.box_rows
-            if const_expr(self.by_columns):
-                for c in cutlass.range_constexpr(self.head_dim // COL_BLOCK):
-                    cute.prefetch(tma_k, tKgK[None, in_page, c, kv_head, page])
-            else:
-                cute.prefetch(tma_k, tKgK[None, in_page, kv_head, page])
-
-    @cute.jit
-    def _prefetch_box_lines(self, row0: Int32, kv_head: Int32, page: Int32, lane: Int32):
-        """``prefetch.global.L2`` of every 128-byte line of a box (rows ``row0`` .. ``row0 + box_rows - 1`` of
-        ``page``, all 576 columns of ``kv_head``). Lane ``l`` takes rows ``l``, ``l + 32``, ... and every line of
-        them (a 64-row box: 2 rows of 9 lines), so that each prefetch is its row's address plus a constant; a
-        box of fewer than 32 rows splits each row's lines over the lanes that share it (a few lines twice)."""
-        mKg = self.mK_gmem
-        line_cols = 128 * 8 // self.dtype.width  # columns of one 128-byte line (a row: 9 lines at 576)
-        lines_per_row = self.head_dim // line_cols
-        rows_per_pass = min(32, self.box_rows)
-        groups = 32 // rows_per_pass  # lanes that share one row
-        row = lane % rows_per_pass
-        group = lane // rows_per_pass
-        for ps in cutlass.range_constexpr(self.box_rows // rows_per_pass):
-            row_ptr = mKg.iterator + cute.crd2idx((row0 + row + ps * rows_per_pass, 0, kv_head, page), mKg.layout)
-            for c in cutlass.range_constexpr((lines_per_row + groups - 1) // groups):
-                line = cutlass.min(c * groups + group, lines_per_row - 1)
-                if const_expr(groups == 1):
-                    line = c
-                addr = (row_ptr + line * line_cols).toint()
-                llvm.inline_asm(None, [cutlass.Int64(addr).ir_value()], "prefetch.global.L2 [$0];", "l",
-                                has_side_effects=True)
+            cute.prefetch(tma_k, tKgK[None, in_page, kv_head, page])
 
     @cute.jit
     def _copy_box(self, tma_k, tKgK, tKsK, in_page, kv_head, page, box_idx, stage, bar, cols):

@@ -79,12 +79,6 @@ class MLADecodeBase:
     # L2 eviction priority of the K tile loads (TMA pages; ``paged_kv.L2_HINTS``, None: the default
     # policy). A class constant like lazy_rescale (an A/B sets it on a subclass).
     kv_l2_hint = None
-    # The K tiles' L2 prefetches (TMA pages; where a variant prefetches) as plain ``prefetch.global.L2`` of each
-    # 128-byte line from the issuing warp's lanes instead of TMA prefetches (``UTMAPF``, one per 64-column
-    # block). Why: a TMA prefetch is processed by the SM's TMA unit like a load (copies issue 120-150 cycles
-    # apart, docs/perf-notes.md, twenty-ninth session), so prefetches queue ahead of the next refill; the
-    # lanes' prefetches go out through the load/store pipe. A class constant (an A/B sets it).
-    kv_prefetch_lsu = False
     # The K stage waits in front of a QK poll the full barrier (``paged_kv.PagedKVLoader.consumer_wait``'s
     # ``spin``) instead of ``try_wait``, whose SASS sleeps between checks (``NANOSLEEP.SYNCS``) and may wake
     # after the stage landed. Only the QK's waits: in the seesaw, with its P.V waits polling too, the gain
@@ -142,7 +136,6 @@ class MLADecodeBase:
                                            by_columns=self.kv_groups > 1)
         if self.kv_l2_hint is not None and paged_kv.uses_tma(page_size):
             self.loader.l2_hint = self.kv_l2_hint
-        self.loader.prefetch_lsu = self.kv_prefetch_lsu
 
     # ------------------------------------------------------------------ host
     @cute.jit
@@ -206,7 +199,7 @@ class MLADecodeBase:
         parts = mMeta.shape[0]
         if const_expr(self.split_cluster > 1):
             parts = split_groups_expr(mMeta.shape[0], self.split_cluster) * self.split_cluster
-        self.kernel(tma_q, mQ_tma, tma_k, mK_load, mK, mBlockTable, mSeqlens, mMeta, mNumSplits, mO, mLSE,
+        self.kernel(tma_q, mQ_tma, tma_k, mK_load, mBlockTable, mSeqlens, mMeta, mNumSplits, mO, mLSE,
                     mOaccum, mLSEaccum, scale_log2, sQ_layout, sK_layout, sP_layout, grid_merge, merge_y, mMergeO,
                     mMergeLSE, mMergeOaccum, mMergeLSEaccum).launch(
             grid=[self.num_m_blocks, parts, self.h_kv],
@@ -298,7 +291,7 @@ class MLADecodeBase:
     # ---------------------------------------------------------------- device
     @cute.kernel
     def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
-               mK_gmem: cute.Tensor, mBlockTable: cute.Tensor, mSeqlens: cute.Tensor, mMeta: cute.Tensor, mNumSplits: cute.Tensor,
+               mBlockTable: cute.Tensor, mSeqlens: cute.Tensor, mMeta: cute.Tensor, mNumSplits: cute.Tensor,
                mO: cute.Tensor, mLSE: cute.Tensor, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor,
                scale_log2: Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
                sP_layout: cute.ComposedLayout, grid_merge: Int32, merge_y: Int32, mMergeO: cute.Tensor,
@@ -347,9 +340,6 @@ class MLADecodeBase:
         # completed. No-op when nothing depends on this grid.
         cute.arch.griddepcontrol_launch_dependents()
 
-        # The loader's L2 prefetch by plain loads (``kv_prefetch_lsu``) addresses k_cache itself (``mK`` is the
-        # TMA view on the TMA pages): bound for this trace.
-        self.loader.bind_gmem(mK_gmem)
         # The roles read this CTA's work list themselves (``work_list``): a variant that resizes its
         # warpgroups' registers (setmaxnreg) reads it after doing so.
         self.warpgroup_roles(tidx, m_block, kv_head, mMeta,

@@ -126,9 +126,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # ``seesaw_timeline.py`` shows a refill landing about 2400 cycles after its release, on the next QK's
     # path. A class constant (an A/B sets it on a subclass).
     producer_l2_ahead = True
-    # The fewest m-blocks at which ``producer_l2_ahead`` prefetches (see ``__init__``). A class constant (an A/B
-    # sets it).
-    l2_ahead_min_m_blocks = 2
     # With the producer (``early``): WG0 issues QK(t0') as two commit groups and releases G0 of t1 between them,
     # once PV_L(t1) retired, instead of after the whole QK (whose G1 half waits for its refill): a refill lands
     # about 2000 cycles after its release, on a QK's path (``seesaw_timeline.py``). A class constant (an A/B
@@ -162,9 +159,11 @@ class MLADecodeSeesaw(MLADecodeBase):
     # right after the tile's stores and off the path to the other warpgroup: WG0's behind the stores of P0
     # while PV_L(t0) runs (again only where P0 is rewritten to m1), WG1's after its PV_R(t0) issue, before
     # P1's arrive, instead of between M1 and P0's arrive (WG0) and between P1's stores and the P0 wait (WG1).
-    # Why: the timeline shows 420 cycles from M1 to P0's arrive in WG0 for a few instructions, and WG1 passing
-    # P0 330 cycles after WG0 arrived, still in its P1 stores and fence. A class constant (an A/B sets it).
-    early_p_fence = False
+    # Why: the timeline showed 420 cycles from M1 to P0's arrive in WG0 for a few instructions, and WG1 passing
+    # P0 330 cycles after WG0 arrived, still in its P1 stores and fence. Paired on an H100 (mode
+    # ``seesaw-late-fence``, docs/perf-notes.md, thirty-fourth session): 1.6-2.6% faster at b128 s1 / s2 h128
+    # 4096, within 0.5% on three other rows; bit-identical. A class constant (an A/B sets it).
+    early_p_fence = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -179,8 +178,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         # prefetch only where several m-blocks read each tile (128+ rows: 1-4% faster with the multicast
         # cluster, more without it; at 64 rows, one m-block, memory-bound: 15-19% slower); the early releases
         # only with the producer (without it 0-1.4% slower).
-        self.l2_ahead = (self.producer_l2_ahead and self.with_producer
-                         and self.num_m_blocks >= self.l2_ahead_min_m_blocks)
+        self.l2_ahead = self.producer_l2_ahead and self.with_producer and self.num_m_blocks > 1
         self.early = self.early_releases and self.with_producer
 
     def make_pipelines(self, storage):

@@ -90,13 +90,7 @@ MODES = {
     "seesaw-producer-spin": ("seesaw", dict(producer_spin=True), True),  # the producer polls its empty barriers
     "seesaw-keep-p": ("seesaw", dict(clear_p=False), False),  # S not cleared after P's conversion (before)
     "2wg-spin": ("2wg", dict(k_wait_spin=True), True),
-    "seesaw-early-fence": ("seesaw", dict(early_p_fence=True), True),  # P tiles' proxy fences off the hand-off path
-    # L2 prefetches by the lanes' prefetch.global.L2 instead of TMA (``kv_prefetch_lsu``)
-    "seesaw-lsu-pf": ("seesaw", dict(kv_prefetch_lsu=True), True),
-    "seesaw-lsu-pf-all": ("seesaw", dict(kv_prefetch_lsu=True, l2_ahead_min_m_blocks=1), True),  # at 64 rows too
-    "2wg-lsu-pf": ("2wg", dict(kv_prefetch_lsu=True), True),  # short chunks' prefetch
-    "2wg-l2-prefetch-lsu": ("2wg", dict(l2_prefetch_ahead=2, kv_prefetch_lsu=True), True),
-    "2wg-l2-prefetch4-lsu": ("2wg", dict(l2_prefetch_ahead=4, kv_prefetch_lsu=True), True),
+    "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 
 
