@@ -212,6 +212,8 @@ class TmaPagedKV(PagedKVLoader):
         # L2 eviction priority of the K boxes (``L2_HINTS``; None: the default policy, no hint in the
         # PTX). Set by the kernel from its class constant ``MLADecodeBase.kv_l2_hint``.
         self.l2_hint = None
+        # Column groups loaded as one TMA copy each (``set_wide_groups``); None: one copy per 64-column block.
+        self.wide_groups = None
         if self.tile_bytes % (self.producer_warps * self.cluster):
             raise ValueError("tile bytes do not split evenly over the producer warps")
 
@@ -225,6 +227,27 @@ class TmaPagedKV(PagedKVLoader):
                                  cute.make_layout((self.box_rows, self.box_cols()), stride=(1, TILE_TOKENS)))
         return cute.make_composed_layout(sK_layout.inner, 0, outer)
 
+    def set_wide_groups(self, groups) -> bool:
+        """Load each column group of a tile (``groups``: tuples of consecutive 64-column blocks, the ``cols``
+        a kernel passes to ``load_tile``; ``((0, ..., 8),)`` for whole tiles) with one 4-D TMA copy (64
+        columns x box rows x the group's blocks) instead of one copy per block. Only where a box is the
+        tile's 64 rows (pages 64 and 128 without a cluster): the stage holds block c at ``c x 64 x 64``, which
+        is where a 4-D box writes it only then. Returns whether it is on. Why: copies issue 120-150 cycles
+        apart (docs/perf-notes.md, twenty-ninth session), so a group of five went out over 500-600 cycles."""
+        if self.box_rows != TILE_TOKENS or self.cluster != 1:
+            return False
+        for g in groups:
+            if tuple(g) != tuple(range(g[0], g[0] + len(g))):
+                raise ValueError(f"a wide column group must be consecutive blocks, got {g}")
+        self.wide_groups = tuple(tuple(g) for g in groups)
+        return True
+
+    def group_smem_layout(self, sK_layout, n_blocks: int):
+        """The smem layout one wide copy of ``n_blocks`` column blocks writes (stage 0, from block 0)."""
+        outer = cute.composition(sK_layout.outer, cute.make_layout(
+            (self.box_rows, (COL_BLOCK, n_blocks)), stride=(1, (TILE_TOKENS, TILE_TOKENS * COL_BLOCK))))
+        return cute.make_composed_layout(sK_layout.inner, 0, outer)
+
     def box_cols(self) -> int:
         """Columns of one copy: the whole 576 (the DSL splits it into 64-column TMA instructions), or
         one 64-column block when the tile is loaded by column groups."""
@@ -234,6 +257,19 @@ class TmaPagedKV(PagedKVLoader):
         """(atom, TMA view of mK) for boxes of this loader (call inside the host ``@cute.jit``)."""
         op = cpasync.CopyBulkTensorTileG2SMulticastOp() if const_expr(self.cluster > 1) \
             else cpasync.CopyBulkTensorTileG2SOp()
+        if const_expr(self.wide_groups is not None):
+            # The dim mode split into (64 columns, column block): a copy's box then spans several blocks (one
+            # atom per group width; every atom's TMA view of mK is the same, so the last one is returned).
+            mKb = cute.make_tensor(mK.iterator, cute.make_layout(
+                (mK.shape[0], (COL_BLOCK, self.head_dim // COL_BLOCK), mK.shape[2], mK.shape[3]),
+                stride=(mK.stride[0], (mK.stride[1], COL_BLOCK * mK.stride[1]), mK.stride[2], mK.stride[3])))
+            atoms = []
+            view = None
+            for g in self.wide_groups:
+                atom, view = cpasync.make_tiled_tma_atom(op, mKb, self.group_smem_layout(sK_layout, len(g)),
+                                                         (self.box_rows, (COL_BLOCK, len(g))))
+                atoms.append(atom)
+            return tuple(atoms), view
         return cpasync.make_tiled_tma_atom(op, mK, self.box_smem_layout(sK_layout), (self.box_rows, self.box_cols()))
 
     def make_pipeline(self, barrier_ptr, consumer_warps: int, tx_bytes=None):
@@ -357,15 +393,23 @@ class TmaPagedKV(PagedKVLoader):
         here. ``cols`` (loader built ``by_columns``): the tile's 64-column blocks to load, one TMA copy
         each."""
         P = self.page_size
-        tKsK, tKgK = self.tma_views(tma_k, mK, sK)
         rank = Int32(0)
         if const_expr(self.cluster > 1):
             rank = cute.arch.make_warp_uniform(cute.arch.block_idx_in_cluster())
         last_page = (seqlen - 1) // P  # the request's last valid page (the tile has >= 1 token)
-        if const_expr(self.warp_per_box):
+        if const_expr(self.wide_groups is not None):
+            if const_expr(page is None):
+                page = self.box_pages(mBlockTable, r, blk, last_page, rank)[0]
+            pipe.producer_acquire(state)
+            bar = pipe.producer_get_barrier(state)
+            self._copy_wide(tma_k, mK, sK, (blk * TILE_TOKENS % P) // self.box_rows, kv_head, page, state.index, bar,
+                            cols)
+        elif const_expr(self.warp_per_box):
+            tKsK, tKgK = self.tma_views(tma_k, mK, sK)
             self._load_box_of_warp(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, rank,
                                    producer_tidx, page, cols)
         else:
+            tKsK, tKgK = self.tma_views(tma_k, mK, sK)
             self._load_boxes(tma_k, tKgK, tKsK, mBlockTable, pipe, state, r, blk, last_page, kv_head,
                              rank, cols, page)
 
@@ -377,13 +421,44 @@ class TmaPagedKV(PagedKVLoader):
         and no barrier, so no stage need be free; the box's later ``load_tile`` then reads L2. Called by
         the warps that issue the tile's loads (one box per warp on every TMA path, see ``_load_boxes``)."""
         P = self.page_size
-        tKsK, tKgK = self.tma_views(tma_k, mK, sK)
         in_page = (self.box_token(blk, producer_tidx) % P) // self.box_rows
-        if const_expr(self.by_columns):
-            for c in cutlass.range_constexpr(self.head_dim // COL_BLOCK):
-                cute.prefetch(tma_k, tKgK[None, in_page, c, kv_head, page])
+        if const_expr(self.wide_groups is not None):
+            for gi in cutlass.range_constexpr(len(self.wide_groups)):
+                tKsK, tKgK = self._wide_views(tma_k, mK, sK, in_page, kv_head, page, 0, self.wide_groups[gi])
+                cute.prefetch(tma_k[gi], tKgK)
         else:
-            cute.prefetch(tma_k, tKgK[None, in_page, kv_head, page])
+            tKsK, tKgK = self.tma_views(tma_k, mK, sK)
+            if const_expr(self.by_columns):
+                for c in cutlass.range_constexpr(self.head_dim // COL_BLOCK):
+                    cute.prefetch(tma_k, tKgK[None, in_page, c, kv_head, page])
+            else:
+                cute.prefetch(tma_k, tKgK[None, in_page, kv_head, page])
+
+    @cute.jit
+    def _wide_views(self, tma_k, mK: cute.Tensor, sK: cute.Tensor, in_page, kv_head, page, stage, cols):
+        """``(tKsK, tKgK)`` of one wide copy: column blocks ``cols`` of row block ``in_page`` of ``page`` and of
+        ``stage`` (``mK``: the wide atoms' TMA view, dim as (64 columns, column block))."""
+        b0 = cols[0]
+        n_blocks = len(cols)
+        gK = cute.local_tile(cute.domain_offset((0, (0, b0), 0, 0), mK), (self.box_rows, (COL_BLOCK, n_blocks)),
+                             (in_page, (0, 0), kv_head, page))
+        sKg = cute.make_tensor(sK.iterator + cute.crd2idx((0, COL_BLOCK * b0, stage), sK.layout),
+                               cute.composition(sK.layout, cute.make_layout(
+                                   (self.box_rows, (COL_BLOCK, n_blocks)),
+                                   stride=(1, (TILE_TOKENS, TILE_TOKENS * COL_BLOCK)))))
+        return cpasync.tma_partition(tma_k[self.wide_groups.index(tuple(cols))], 0, cute.make_layout(1),
+                                     cute.group_modes(sKg, 0, 2), cute.group_modes(gK, 0, 2))
+
+    @cute.jit
+    def _copy_wide(self, tma_k, mK, sK, in_page, kv_head, page, stage, bar, cols):
+        """The one TMA copy of column group ``cols`` (None: the whole tile, the only group) of a box."""
+        if const_expr(cols is None):
+            cols = self.wide_groups[0]
+        tKsK, tKgK = self._wide_views(tma_k, mK, sK, in_page, kv_head, page, stage, cols)
+        hint = {}
+        if const_expr(self.l2_hint is not None):
+            hint = dict(cache_policy=_l2_policy(self.l2_hint))
+        cute.copy(tma_k[self.wide_groups.index(tuple(cols))], tKgK, tKsK, tma_bar_ptr=bar, **hint)
 
     @cute.jit
     def _copy_box(self, tma_k, tKgK, tKsK, in_page, kv_head, page, box_idx, stage, bar, cols):

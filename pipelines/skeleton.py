@@ -79,6 +79,10 @@ class MLADecodeBase:
     # L2 eviction priority of the K tile loads (TMA pages; ``paged_kv.L2_HINTS``, None: the default
     # policy). A class constant like lazy_rescale (an A/B sets it on a subclass).
     kv_l2_hint = None
+    # Each column group of a K tile (``kv_col_groups``) loaded by one 4-D TMA copy instead of one copy per
+    # 64-column block, where the loader can (``paged_kv.TmaPagedKV.set_wide_groups``: pages 64 and 128 without
+    # a cluster). A class constant (an A/B sets it).
+    kv_wide_boxes = False
     # The K stage waits in front of a QK poll the full barrier (``paged_kv.PagedKVLoader.consumer_wait``'s
     # ``spin``) instead of ``try_wait``, whose SASS sleeps between checks (``NANOSLEEP.SYNCS``) and may wake
     # after the stage landed. Only the QK's waits: in the seesaw, with its P.V waits polling too, the gain
@@ -136,6 +140,8 @@ class MLADecodeBase:
                                            by_columns=self.kv_groups > 1)
         if self.kv_l2_hint is not None and paged_kv.uses_tma(page_size):
             self.loader.l2_hint = self.kv_l2_hint
+        if self.kv_wide_boxes and paged_kv.uses_tma(page_size):
+            self.loader.set_wide_groups(self.kv_col_groups())
 
     # ------------------------------------------------------------------ host
     @cute.jit
@@ -251,6 +257,11 @@ class MLADecodeBase:
             return [self.cluster, 1, 1]
         return None
 
+    def kv_col_groups(self) -> tuple:
+        """The column groups of 64-column blocks this kernel loads a K tile in (the ``cols`` of its
+        ``load_tile`` calls): the whole tile with ``kv_groups`` 1; variants with column groups override it."""
+        return (tuple(range(HEAD_DIM // paged_kv.COL_BLOCK)),)
+
     def any_cluster(self) -> bool:
         return self.cluster > 1 or self.split_cluster > 1
 
@@ -290,7 +301,7 @@ class MLADecodeBase:
 
     # ---------------------------------------------------------------- device
     @cute.kernel
-    def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k: cute.CopyAtom, mK: cute.Tensor,
+    def kernel(self, tma_q: cute.CopyAtom, mQ: cute.Tensor, tma_k, mK: cute.Tensor,
                mBlockTable: cute.Tensor, mSeqlens: cute.Tensor, mMeta: cute.Tensor, mNumSplits: cute.Tensor,
                mO: cute.Tensor, mLSE: cute.Tensor, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor,
                scale_log2: Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
@@ -301,7 +312,10 @@ class MLADecodeBase:
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
         if warp_idx == 0:
             cpasync.prefetch_descriptor(tma_q)
-            if const_expr(tma_k is not None):
+            if const_expr(isinstance(tma_k, tuple)):  # the loader's wide atoms (one per column group)
+                for atom in tma_k:
+                    cpasync.prefetch_descriptor(atom)
+            elif const_expr(tma_k is not None):
                 cpasync.prefetch_descriptor(tma_k)
 
         smem = cutlass.utils.SmemAllocator()

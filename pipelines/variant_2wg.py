@@ -164,6 +164,9 @@ class MLADecode2WG(MLADecodeBase):
             self.kv_groups = 1
         super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, multicast, split_cluster)
 
+    def kv_col_groups(self) -> tuple:
+        return super().kv_col_groups() if self.kv_groups == 1 else self.kv_group_cols
+
     def make_pipelines(self, storage):
         """Q as in the skeleton; K as one pipeline (``kv_groups`` 1) or one per column group over the same
         stages (2): group A consumed by WG0's four warps, group B by all eight."""

@@ -181,6 +181,9 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.l2_ahead = self.producer_l2_ahead and self.with_producer and self.num_m_blocks > 1
         self.early = self.early_releases and self.with_producer
 
+    def kv_col_groups(self) -> tuple:
+        return (G0_COLS, G1_COLS)
+
     def make_pipelines(self, storage):
         """Q as in the skeleton (both warpgroups consume it); K: one pipeline per column group over the
         same two stages, each completing on the group's bytes."""

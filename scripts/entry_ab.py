@@ -90,6 +90,8 @@ MODES = {
     "seesaw-producer-spin": ("seesaw", dict(producer_spin=True), True),  # the producer polls its empty barriers
     "seesaw-keep-p": ("seesaw", dict(clear_p=False), False),  # S not cleared after P's conversion (before)
     "2wg-spin": ("2wg", dict(k_wait_spin=True), True),
+    "seesaw-wide": ("seesaw", dict(kv_wide_boxes=True), True),  # one TMA copy per column group
+    "2wg-wide-boxes": ("2wg", dict(kv_wide_boxes=True), True),  # one TMA copy per column group (or tile)
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 
