@@ -164,10 +164,13 @@ class MLADecodeSeesaw(MLADecodeBase):
     # ``seesaw-late-fence``, docs/perf-notes.md, thirty-fourth session): 1.6-2.6% faster at b128 s1 / s2 h128
     # 4096, within 0.5% on three other rows; bit-identical. A class constant (an A/B sets it).
     early_p_fence = True
-    # WG1 stores P1 after it issued PV_R(t0) (right behind the P0 wait) instead of between PV_R(t1)'s issue and
-    # that wait: the timeline shows WG1 still storing P1 when P0 arrives, PV_R(t0) issued about 600 cycles
-    # after P0, and the tensor pipe idle before it. A class constant (an A/B sets it).
-    wg1_p1_late = False
+    # Each column group of a K tile by one 4-D TMA copy (skeleton ``kv_wide_boxes``; no multicast cluster here, so
+    # a box is always the tile's 64 rows on pages 64 and 128): the producer issues a refill about 70 cycles after
+    # its release instead of 500-600 (five copies 120-150 cycles apart), and t0's G1 lands about 460 cycles
+    # sooner (``seesaw_timeline.py``). Paired on an H100 (mode ``seesaw-narrow-boxes``, docs/perf-notes.md,
+    # thirty-fourth session): 0.984-0.992 at b128 s2 h128 4096 and 16384, 0.996-0.998 at b128 s1 h128 4096,
+    # within 0.3% on three other rows; bit-identical.
+    kv_wide_boxes = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -532,9 +535,10 @@ class MLADecodeSeesaw(MLADecodeBase):
 
     def spreads_copies(self) -> bool:
         """Whether a group's column-block copies are spread over the warpgroup's four warps (``load_group``):
-        on the TMA path that issues one box per CTA and tile (pages 64 and 128, page 32 in a cluster)."""
+        on the TMA path that issues one box per CTA and tile (pages 64 and 128, page 32 in a cluster), unless a
+        group is one copy (``kv_wide_boxes``)."""
         return isinstance(self.loader, paged_kv.TmaPagedKV) and not self.loader.warp_per_box \
-            and self.loader.boxes_per_cta == 1
+            and self.loader.boxes_per_cta == 1 and self.loader.wide_groups is None
 
     def load_warps(self) -> int:
         """Warps of each warpgroup that run ``load_group`` (and read the refills' page ids)."""
@@ -825,10 +829,9 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.mark(20, wg_tidx, full)
             # P1 to smem for WG0 while that P.V runs (it reads rP only). sP is free: WG0's P.V that read the
             # previous P1 retired before WG0 arrived on this iteration's M0.
-            if const_expr(not self.wg1_p1_late):
-                cute.autovec_copy(rP, tPsP_own)
-                if const_expr(not self.early_p_fence):
-                    cute.arch.fence_view_async_shared()
+            cute.autovec_copy(rP, tPsP_own)
+            if const_expr(not self.early_p_fence):
+                cute.arch.fence_view_async_shared()
             self.mark(17, wg_tidx, full)
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
             self.mark(14, wg_tidx, full)
@@ -837,9 +840,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
             self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
             warpgroup.commit_group()
-            if const_expr(self.wg1_p1_late):
-                cute.autovec_copy(rP, tPsP_own)  # (PV_R(t1), in flight, only reads rP)
-            if const_expr(self.early_p_fence or self.wg1_p1_late):
+            if const_expr(self.early_p_fence):
                 cute.arch.fence_view_async_shared()  # P1's stores, before its arrive
             cute.arch.barrier_arrive(barrier_id=int(Bar.P1), number_of_threads=256)
             self.mark(15, wg_tidx, full)

@@ -90,10 +90,8 @@ MODES = {
     "seesaw-producer-spin": ("seesaw", dict(producer_spin=True), True),  # the producer polls its empty barriers
     "seesaw-keep-p": ("seesaw", dict(clear_p=False), False),  # S not cleared after P's conversion (before)
     "2wg-spin": ("2wg", dict(k_wait_spin=True), True),
-    "seesaw-wide": ("seesaw", dict(kv_wide_boxes=True), True),  # one TMA copy per column group
+    "seesaw-narrow-boxes": ("seesaw", dict(kv_wide_boxes=False), True),  # one TMA copy per 64-column block (before)
     "2wg-wide-boxes": ("2wg", dict(kv_wide_boxes=True), True),  # one TMA copy per column group (or tile)
-    "seesaw-p1-late": ("seesaw", dict(wg1_p1_late=True), True),  # WG1 stores P1 after its PV_R(t0) issue
-    "seesaw-p1-late-wide": ("seesaw", dict(wg1_p1_late=True, kv_wide_boxes=True), True),
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 
