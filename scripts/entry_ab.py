@@ -38,7 +38,8 @@ def _sub(base, **attrs):
 
 # mode -> (variant of the entry config, the kernel: None for the library's, a class, or a dict of class
 # constants set on a subclass of the library's kernel for the configuration (``launch._kernel_class``: for
-# 2wg its narrow kernel at <= 32 rows per kv head, else the 64-row one), bit-identical to the first mode)
+# 2wg its narrow kernel at <= 32 rows per kv head, else the 64-row one; a dict's ``_config``: DecodeConfig
+# fields to override, e.g. ``cluster``), bit-identical to the first mode)
 MODES = {
     "2wg": ("2wg", None, True),  # the library's 2wg (K loads evict_first; the narrow kernel at <= 32 rows)
     "2wg-wide": ("2wg", MLADecode2WG, False),  # 2wg's 64-row products whatever the row count
@@ -92,6 +93,8 @@ MODES = {
     "2wg-spin": ("2wg", dict(k_wait_spin=True), True),
     "seesaw-narrow-boxes": ("seesaw", dict(kv_wide_boxes=False), True),  # one TMA copy per 64-column block (before)
     "2wg-wide-boxes": ("2wg", dict(kv_wide_boxes=True), True),  # one TMA copy per column group (or tile)
+    "2wg-no-mc": ("2wg", dict(_config=dict(cluster=1)), True),  # no multicast cluster (as MLA_MULTICAST=0)
+    "2wg-no-mc-wide": ("2wg", dict(_config=dict(cluster=1), kv_wide_boxes=True), True),  # and one copy per group
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 
@@ -109,7 +112,11 @@ def mode_entries(dec, modes, compiled: dict) -> dict:
     entries = {}
     for mode in modes:
         variant, cls, _ = MODES[mode]
-        key = (dataclasses.replace(base, variant=variant), mode)
+        over = {}
+        if isinstance(cls, dict) and "_config" in cls:  # DecodeConfig fields the mode overrides (e.g. no cluster)
+            cls = dict(cls)
+            over = cls.pop("_config")
+        key = (dataclasses.replace(base, variant=variant, **over), mode)
         if key not in compiled:
             if isinstance(cls, dict):
                 kernel = _kernel_class(variant, key[0])
