@@ -171,6 +171,14 @@ class MLADecodeSeesaw(MLADecodeBase):
     # thirty-fourth session): 0.984-0.992 at b128 s2 h128 4096 and 16384, 0.996-0.998 at b128 s1 h128 4096,
     # within 0.3% on three other rows; bit-identical.
     kv_wide_boxes = True
+    # Each warpgroup publishes its max (WG0 m0 on M0, WG1 m1 on M1) right after its rows' maxima, before the
+    # exponentials, instead of after them: the other warpgroup's softmax then overlaps this one's. A class
+    # constant (an A/B sets it).
+    publish_max_early = False
+    # WG0 takes m1 (M1) and hands P0 over (P0) right after P0's stores, before it waits for PV_L(t0) to retire
+    # (then the release of G0(t0) and O_L's rescale), instead of after that wait. A class constant (an A/B sets
+    # it).
+    wg0_p0_early = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -507,6 +515,16 @@ class MLADecodeSeesaw(MLADecodeBase):
         cute.arch.barrier_arrive(barrier_id=bar, number_of_threads=256)
 
     @cute.jit
+    def read_back_max(self, s_m, slot: cutlass.Constexpr[int], out, tScS):
+        """With ``publish_max_early``: every thread reads the max its quad just published (the exponentials
+        then take it from shared memory). Why: the exponentials do not depend on the barrier arrive, and ptxas
+        schedules the arrive after all of them (seen in the SASS); a load after the arrive pins them behind it.
+        The max kept is the same (``kept_max`` over it gives it back)."""
+        cute.arch.sync_warp()
+        for i in cutlass.range_constexpr(cute.size(out, mode=[0])):
+            out[i] = s_m[tScS[i, 0][0], slot]
+
+    @cute.jit
     def read_max(self, s_m, slot: cutlass.Constexpr[int], out, tScS, bar: cutlass.Constexpr[int]):
         cute.arch.barrier(barrier_id=bar, number_of_threads=256)
         for i in cutlass.range_constexpr(cute.size(out, mode=[0])):
@@ -709,6 +727,25 @@ class MLADecodeSeesaw(MLADecodeBase):
         return prod
 
     @cute.jit
+    def wg0_retire_pv_t0(self, t0, a0, pipe_g0, prod, seqlen, stop, r, kv_head, wg_tidx, is_producer, tma_k, mK,
+                         sK, mBlockTable, page_a, full):
+        """WG0 waits for PV_L(t0) and releases G0 of t0 (without the producer warpgroup, its loading warps
+        then refill it)."""
+        C = self.split_cluster
+        warpgroup.wait_group(0)
+        self.mark(4, wg_tidx, full)
+        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: QK and P.V done; refill it now
+        self.mark(25, wg_tidx, full)
+        if const_expr(not self.with_producer):
+            if is_producer:
+                if t0 + 2 * C < stop:
+                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t0 + 2 * C, seqlen, kv_head,
+                                    wg_tidx, page=page_a, cols=G0_COLS)
+                    prod.advance()
+        self.mark(5, wg_tidx, full)
+        return prod
+
+    @cute.jit
     def wg0_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
                       kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
                       acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
@@ -722,8 +759,19 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.mark(0, wg_tidx, full)
         page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
         self.prefetch_next_pair(is_producer, tma_k, mK, sK, t0 + 2 * C, stop, kv_head, page_a, wg_tidx)
-        self.softmax_tile(acc_s, t0, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
-        self.publish_max(s_m, 0, row_max, tScS, wg_tidx, int(Bar.M0))
+        if const_expr(self.publish_max_early):
+            self.mask_tile(acc_s, t0, seqlen, row_limit, tScS)
+            tile_max = cute.make_rmem_tensor_like(row_max)
+            softmax.tile_row_max(layouts.acc_mn_view(acc_s), tile_max, self.softmax_tree)
+            m0 = cute.make_rmem_tensor_like(row_max)
+            softmax.kept_max(row_max, tile_max, m0, scale_log2, self.lazy_rescale)
+            self.publish_max(s_m, 0, m0, tScS, wg_tidx, int(Bar.M0))
+            self.read_back_max(s_m, 0, m0, tScS)
+            softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), m0, row_max, row_sum, row_scale,
+                                             scale_log2, self.lazy_rescale)
+        else:
+            self.softmax_tile(acc_s, t0, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+            self.publish_max(s_m, 0, row_max, tScS, wg_tidx, int(Bar.M0))
         self.mark(1, wg_tidx, full)
         rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
         rP.store(acc_s.load().to(self.dtype))
@@ -740,36 +788,33 @@ class MLADecodeSeesaw(MLADecodeBase):
         cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
         if const_expr(self.early_p_fence):
             cute.arch.fence_view_async_shared()
-        warpgroup.wait_group(0)
-        self.mark(4, wg_tidx, full)
-        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: QK and P.V done; refill it now
-        self.mark(25, wg_tidx, full)
-        if const_expr(not self.with_producer):
-            if is_producer:
-                if t0 + 2 * C < stop:
-                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t0 + 2 * C, seqlen, kv_head,
-                                    wg_tidx, page=page_a, cols=G0_COLS)
-                    prod.advance()
-        self.mark(5, wg_tidx, full)
+        if const_expr(not self.wg0_p0_early):
+            prod = self.wg0_retire_pv_t0(t0, a0, pipe_g0, prod, seqlen, stop, r, kv_head, wg_tidx, is_producer,
+                                         tma_k, mK, sK, mBlockTable, page_a, full)
         # m1 = max(m0, rowmax S1) from WG1 (m0 itself where there is no t1).
         self.read_max(s_m, 1, other_max, tScS, int(Bar.M1))
         self.mark(6, wg_tidx, full)
         if has_t1:
             self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: never read by WG0 (after M1: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
-        # P0 relative to m1 for WG1: written again only by the warps where the max moved.
+        # P0 relative to m1 for WG1: written again only by the warps where the max moved (from a copy of rP:
+        # with ``wg0_p0_early`` PV_L(t0), which reads rP, may still run).
         if softmax.warp_needs_rescale(row_scale):
             if const_expr(self.clear_p):  # from the bf16 P0 (S is cleared): rounded twice
                 acc_s.store(rP.load().to(Float32))
             softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
-            rP.store(acc_s.load().to(self.dtype))
-            cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
+            rP_m1 = cute.make_rmem_tensor_like(acc_s, self.dtype)
+            rP_m1.store(acc_s.load().to(self.dtype))
+            cute.autovec_copy(rP_m1, tPsP_own[None, None, None, stage_a])
             if const_expr(self.early_p_fence):
                 cute.arch.fence_view_async_shared()
         if const_expr(not self.early_p_fence):
             cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(barrier_id=int(Bar.P0), number_of_threads=256)
         self.mark(2, wg_tidx, full)
+        if const_expr(self.wg0_p0_early):
+            prod = self.wg0_retire_pv_t0(t0, a0, pipe_g0, prod, seqlen, stop, r, kv_head, wg_tidx, is_producer,
+                                         tma_k, mK, sK, mBlockTable, page_a, full)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         if has_t1:
             # P1 in smem and WG1's two P.Vs issued: O_L += P1.V_L(t1) goes in behind them.
@@ -808,12 +853,20 @@ class MLADecodeSeesaw(MLADecodeBase):
         if has_t1:
             to_m0 = cute.make_rmem_tensor_like(row_scale)
             to_m0.store(row_scale.load())
-            if const_expr(self.wg1_max_ahead):
-                softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), tile_max, row_max, row_sum, row_scale,
+            if const_expr(self.wg1_max_ahead and self.publish_max_early):
+                m1 = cute.make_rmem_tensor_like(row_max)
+                softmax.kept_max(row_max, tile_max, m1, scale_log2, self.lazy_rescale)
+                self.publish_max(s_m, 1, m1, tScS, wg_tidx, int(Bar.M1))
+                self.read_back_max(s_m, 1, m1, tScS)
+                softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), m1, row_max, row_sum, row_scale,
                                                  scale_log2, self.lazy_rescale)
             else:
-                self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
-            self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
+                if const_expr(self.wg1_max_ahead):
+                    softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), tile_max, row_max, row_sum,
+                                                     row_scale, scale_log2, self.lazy_rescale)
+                else:
+                    self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+                self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
             self.mark(16, wg_tidx, full)
             for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
                 row_scale[i] = row_scale[i] * to_m0[i]  # O_R from m to m1 in one pass
