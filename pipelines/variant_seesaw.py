@@ -179,6 +179,9 @@ class MLADecodeSeesaw(MLADecodeBase):
     # (then the release of G0(t0) and O_L's rescale), instead of after that wait. A class constant (an A/B sets
     # it).
     wg0_p0_early = False
+    # WG1 stores P1 after it issued PV_R(t0) (right behind the P0 wait) instead of between PV_R(t1)'s issue and
+    # that wait. A class constant (an A/B sets it).
+    wg1_p1_late = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -882,9 +885,10 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.mark(20, wg_tidx, full)
             # P1 to smem for WG0 while that P.V runs (it reads rP only). sP is free: WG0's P.V that read the
             # previous P1 retired before WG0 arrived on this iteration's M0.
-            cute.autovec_copy(rP, tPsP_own)
-            if const_expr(not self.early_p_fence):
-                cute.arch.fence_view_async_shared()
+            if const_expr(not self.wg1_p1_late):
+                cute.autovec_copy(rP, tPsP_own)
+                if const_expr(not self.early_p_fence):
+                    cute.arch.fence_view_async_shared()
             self.mark(17, wg_tidx, full)
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
             self.mark(14, wg_tidx, full)
@@ -893,7 +897,9 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
             self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
             warpgroup.commit_group()
-            if const_expr(self.early_p_fence):
+            if const_expr(self.wg1_p1_late):
+                cute.autovec_copy(rP, tPsP_own)  # (PV_R(t1), in flight, only reads rP)
+            if const_expr(self.early_p_fence or self.wg1_p1_late):
                 cute.arch.fence_view_async_shared()  # P1's stores, before its arrive
             cute.arch.barrier_arrive(barrier_id=int(Bar.P1), number_of_threads=256)
             self.mark(15, wg_tidx, full)

@@ -98,6 +98,7 @@ MODES = {
     "seesaw-max-early": ("seesaw", dict(publish_max_early=True), True),  # m0 / m1 published before the exponentials
     "seesaw-p0-early": ("seesaw", dict(wg0_p0_early=True), True),  # WG0's M1 and P0 before PV_L(t0) retires
     "seesaw-max-p0-early": ("seesaw", dict(publish_max_early=True, wg0_p0_early=True), True),
+    "seesaw-p0-early-p1-late": ("seesaw", dict(wg0_p0_early=True, wg1_p1_late=True), True),
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 

@@ -74,7 +74,7 @@ FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-con
                                                                    "seesaw-producer-spin", "seesaw-keep-p",
                                                                    "seesaw-late-fence", "seesaw-narrow-boxes",
                                                                    "seesaw-max-early", "seesaw-p0-early",
-                                                                   "seesaw-max-p0-early")}}
+                                                                   "seesaw-max-p0-early", "seesaw-p0-early-p1-late")}}
 MAX_CTAS = 1024
 
 
