@@ -77,20 +77,6 @@ def online_softmax_step_from(s_mn: cute.Tensor, tile_max: cute.Tensor, row_max: 
                                                           lazy)
 
 
-@cute.jit
-def kept_max(row_max: cute.Tensor, tile_max: cute.Tensor, out: cute.Tensor, scale_log2: Float32,
-             lazy: cutlass.Constexpr[bool] = False):
-    """The max each row's ``online_softmax_step_from`` will keep (``settle_max``'s choice, the same
-    expression), into ``out``: so that a warpgroup can publish it before the exponentials."""
-    for i in cutlass.range_constexpr(cute.size(row_max, mode=[0])):
-        m_prev = row_max[i]
-        m_new = cute.arch.fmax(m_prev, tile_max[i])
-        if const_expr(lazy):
-            if (m_new - m_prev) * scale_log2 <= Float32(LAZY_RESCALE_LOG2):
-                m_new = m_prev
-        out[i] = m_new
-
-
 def _tree_max(vals: list):
     """max of ``vals`` as a pairwise tree (plain Python, run while tracing: the DSL rewrites the control
     flow of jit functions only)."""

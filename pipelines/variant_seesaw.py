@@ -48,8 +48,9 @@ request's Q and first tiles go out while the current chunk still computes. On th
 copies need the producer threads' registers) the scoring warpgroups load instead: WG0 every G0 and Q, WG1
 every G1, each group by the warpgroup that finishes with it last. With the producer, ``early_releases``
 splits WG0's QK(t0') to release G0 of t1 between its halves. Without a multicast cluster
-(``multicast_cluster``). Where it stands: 3-11% slower than 2wg at 128 and 256 rows on an H100, paired
-(docs/perf-notes.md, thirty-second session), so ``auto`` does not pick it.
+(``multicast_cluster``), so each group of a tile is one 4-D TMA copy (``kv_wide_boxes``). Where it stands
+(H100, docs/perf-notes.md, thirty-fourth session): even with 2wg at 256 rows (b128 s2 h128 4096 and 16384), 2-3%
+slower at b128 s1 h128 4096, 4% at 64 rows and 7-12% on short requests, so ``auto`` does not pick it.
 
 Named barriers (``Bar``, 256 threads unless noted): M0 (WG0 -> WG1: m0 written), M1 (WG1 -> WG0: m1
 written), P0 (WG0 -> WG1: P0 relative to m1 in smem), P1 (WG1 -> WG0: P1 in smem, WG1's P.Vs issued; only
@@ -171,17 +172,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # thirty-fourth session): 0.984-0.992 at b128 s2 h128 4096 and 16384, 0.996-0.998 at b128 s1 h128 4096,
     # within 0.3% on three other rows; bit-identical.
     kv_wide_boxes = True
-    # Each warpgroup publishes its max (WG0 m0 on M0, WG1 m1 on M1) right after its rows' maxima, before the
-    # exponentials, instead of after them: the other warpgroup's softmax then overlaps this one's. A class
-    # constant (an A/B sets it).
-    publish_max_early = False
-    # WG0 takes m1 (M1) and hands P0 over (P0) right after P0's stores, before it waits for PV_L(t0) to retire
-    # (then the release of G0(t0) and O_L's rescale), instead of after that wait. A class constant (an A/B sets
-    # it).
-    wg0_p0_early = False
-    # WG1 stores P1 after it issued PV_R(t0) (right behind the P0 wait) instead of between PV_R(t1)'s issue and
-    # that wait. A class constant (an A/B sets it).
-    wg1_p1_late = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -518,16 +508,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         cute.arch.barrier_arrive(barrier_id=bar, number_of_threads=256)
 
     @cute.jit
-    def read_back_max(self, s_m, slot: cutlass.Constexpr[int], out, tScS):
-        """With ``publish_max_early``: every thread reads the max its quad just published (the exponentials
-        then take it from shared memory). Why: the exponentials do not depend on the barrier arrive, and ptxas
-        schedules the arrive after all of them (seen in the SASS); a load after the arrive pins them behind it.
-        The max kept is the same (``kept_max`` over it gives it back)."""
-        cute.arch.sync_warp()
-        for i in cutlass.range_constexpr(cute.size(out, mode=[0])):
-            out[i] = s_m[tScS[i, 0][0], slot]
-
-    @cute.jit
     def read_max(self, s_m, slot: cutlass.Constexpr[int], out, tScS, bar: cutlass.Constexpr[int]):
         cute.arch.barrier(barrier_id=bar, number_of_threads=256)
         for i in cutlass.range_constexpr(cute.size(out, mode=[0])):
@@ -730,25 +710,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         return prod
 
     @cute.jit
-    def wg0_retire_pv_t0(self, t0, a0, pipe_g0, prod, seqlen, stop, r, kv_head, wg_tidx, is_producer, tma_k, mK,
-                         sK, mBlockTable, page_a, full):
-        """WG0 waits for PV_L(t0) and releases G0 of t0 (without the producer warpgroup, its loading warps
-        then refill it)."""
-        C = self.split_cluster
-        warpgroup.wait_group(0)
-        self.mark(4, wg_tidx, full)
-        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: QK and P.V done; refill it now
-        self.mark(25, wg_tidx, full)
-        if const_expr(not self.with_producer):
-            if is_producer:
-                if t0 + 2 * C < stop:
-                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t0 + 2 * C, seqlen, kv_head,
-                                    wg_tidx, page=page_a, cols=G0_COLS)
-                    prod.advance()
-        self.mark(5, wg_tidx, full)
-        return prod
-
-    @cute.jit
     def wg0_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
                       kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
                       acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
@@ -762,19 +723,8 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.mark(0, wg_tidx, full)
         page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
         self.prefetch_next_pair(is_producer, tma_k, mK, sK, t0 + 2 * C, stop, kv_head, page_a, wg_tidx)
-        if const_expr(self.publish_max_early):
-            self.mask_tile(acc_s, t0, seqlen, row_limit, tScS)
-            tile_max = cute.make_rmem_tensor_like(row_max)
-            softmax.tile_row_max(layouts.acc_mn_view(acc_s), tile_max, self.softmax_tree)
-            m0 = cute.make_rmem_tensor_like(row_max)
-            softmax.kept_max(row_max, tile_max, m0, scale_log2, self.lazy_rescale)
-            self.publish_max(s_m, 0, m0, tScS, wg_tidx, int(Bar.M0))
-            self.read_back_max(s_m, 0, m0, tScS)
-            softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), m0, row_max, row_sum, row_scale,
-                                             scale_log2, self.lazy_rescale)
-        else:
-            self.softmax_tile(acc_s, t0, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
-            self.publish_max(s_m, 0, row_max, tScS, wg_tidx, int(Bar.M0))
+        self.softmax_tile(acc_s, t0, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+        self.publish_max(s_m, 0, row_max, tScS, wg_tidx, int(Bar.M0))
         self.mark(1, wg_tidx, full)
         rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
         rP.store(acc_s.load().to(self.dtype))
@@ -791,33 +741,36 @@ class MLADecodeSeesaw(MLADecodeBase):
         cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
         if const_expr(self.early_p_fence):
             cute.arch.fence_view_async_shared()
-        if const_expr(not self.wg0_p0_early):
-            prod = self.wg0_retire_pv_t0(t0, a0, pipe_g0, prod, seqlen, stop, r, kv_head, wg_tidx, is_producer,
-                                         tma_k, mK, sK, mBlockTable, page_a, full)
+        warpgroup.wait_group(0)
+        self.mark(4, wg_tidx, full)
+        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: QK and P.V done; refill it now
+        self.mark(25, wg_tidx, full)
+        if const_expr(not self.with_producer):
+            if is_producer:
+                if t0 + 2 * C < stop:
+                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t0 + 2 * C, seqlen, kv_head,
+                                    wg_tidx, page=page_a, cols=G0_COLS)
+                    prod.advance()
+        self.mark(5, wg_tidx, full)
         # m1 = max(m0, rowmax S1) from WG1 (m0 itself where there is no t1).
         self.read_max(s_m, 1, other_max, tScS, int(Bar.M1))
         self.mark(6, wg_tidx, full)
         if has_t1:
             self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: never read by WG0 (after M1: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
-        # P0 relative to m1 for WG1: written again only by the warps where the max moved (from a copy of rP:
-        # with ``wg0_p0_early`` PV_L(t0), which reads rP, may still run).
+        # P0 relative to m1 for WG1: written again only by the warps where the max moved.
         if softmax.warp_needs_rescale(row_scale):
             if const_expr(self.clear_p):  # from the bf16 P0 (S is cleared): rounded twice
                 acc_s.store(rP.load().to(Float32))
             softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
-            rP_m1 = cute.make_rmem_tensor_like(acc_s, self.dtype)
-            rP_m1.store(acc_s.load().to(self.dtype))
-            cute.autovec_copy(rP_m1, tPsP_own[None, None, None, stage_a])
+            rP.store(acc_s.load().to(self.dtype))
+            cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
             if const_expr(self.early_p_fence):
                 cute.arch.fence_view_async_shared()
         if const_expr(not self.early_p_fence):
             cute.arch.fence_view_async_shared()
         cute.arch.barrier_arrive(barrier_id=int(Bar.P0), number_of_threads=256)
         self.mark(2, wg_tidx, full)
-        if const_expr(self.wg0_p0_early):
-            prod = self.wg0_retire_pv_t0(t0, a0, pipe_g0, prod, seqlen, stop, r, kv_head, wg_tidx, is_producer,
-                                         tma_k, mK, sK, mBlockTable, page_a, full)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         if has_t1:
             # P1 in smem and WG1's two P.Vs issued: O_L += P1.V_L(t1) goes in behind them.
@@ -856,20 +809,12 @@ class MLADecodeSeesaw(MLADecodeBase):
         if has_t1:
             to_m0 = cute.make_rmem_tensor_like(row_scale)
             to_m0.store(row_scale.load())
-            if const_expr(self.wg1_max_ahead and self.publish_max_early):
-                m1 = cute.make_rmem_tensor_like(row_max)
-                softmax.kept_max(row_max, tile_max, m1, scale_log2, self.lazy_rescale)
-                self.publish_max(s_m, 1, m1, tScS, wg_tidx, int(Bar.M1))
-                self.read_back_max(s_m, 1, m1, tScS)
-                softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), m1, row_max, row_sum, row_scale,
+            if const_expr(self.wg1_max_ahead):
+                softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), tile_max, row_max, row_sum, row_scale,
                                                  scale_log2, self.lazy_rescale)
             else:
-                if const_expr(self.wg1_max_ahead):
-                    softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), tile_max, row_max, row_sum,
-                                                     row_scale, scale_log2, self.lazy_rescale)
-                else:
-                    self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
-                self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
+                self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+            self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
             self.mark(16, wg_tidx, full)
             for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
                 row_scale[i] = row_scale[i] * to_m0[i]  # O_R from m to m1 in one pass
@@ -885,10 +830,9 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.mark(20, wg_tidx, full)
             # P1 to smem for WG0 while that P.V runs (it reads rP only). sP is free: WG0's P.V that read the
             # previous P1 retired before WG0 arrived on this iteration's M0.
-            if const_expr(not self.wg1_p1_late):
-                cute.autovec_copy(rP, tPsP_own)
-                if const_expr(not self.early_p_fence):
-                    cute.arch.fence_view_async_shared()
+            cute.autovec_copy(rP, tPsP_own)
+            if const_expr(not self.early_p_fence):
+                cute.arch.fence_view_async_shared()
             self.mark(17, wg_tidx, full)
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
             self.mark(14, wg_tidx, full)
@@ -897,9 +841,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
             self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
             warpgroup.commit_group()
-            if const_expr(self.wg1_p1_late):
-                cute.autovec_copy(rP, tPsP_own)  # (PV_R(t1), in flight, only reads rP)
-            if const_expr(self.early_p_fence or self.wg1_p1_late):
+            if const_expr(self.early_p_fence):
                 cute.arch.fence_view_async_shared()  # P1's stores, before its arrive
             cute.arch.barrier_arrive(barrier_id=int(Bar.P1), number_of_threads=256)
             self.mark(15, wg_tidx, full)

@@ -95,10 +95,6 @@ MODES = {
     "2wg-wide-boxes": ("2wg", dict(kv_wide_boxes=True), True),  # one TMA copy per column group (or tile)
     "2wg-no-mc": ("2wg", dict(_config=dict(cluster=1)), True),  # no multicast cluster (as MLA_MULTICAST=0)
     "2wg-no-mc-wide": ("2wg", dict(_config=dict(cluster=1), kv_wide_boxes=True), True),  # and one copy per group
-    "seesaw-max-early": ("seesaw", dict(publish_max_early=True), True),  # m0 / m1 published before the exponentials
-    "seesaw-p0-early": ("seesaw", dict(wg0_p0_early=True), True),  # WG0's M1 and P0 before PV_L(t0) retires
-    "seesaw-max-p0-early": ("seesaw", dict(publish_max_early=True, wg0_p0_early=True), True),
-    "seesaw-p0-early-p1-late": ("seesaw", dict(wg0_p0_early=True, wg1_p1_late=True), True),
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 
