@@ -172,6 +172,9 @@ class MLADecodeSeesaw(MLADecodeBase):
     # thirty-fourth session): 0.984-0.992 at b128 s2 h128 4096 and 16384, 0.996-0.998 at b128 s1 h128 4096,
     # within 0.3% on three other rows; bit-identical.
     kv_wide_boxes = True
+    # The P tiles stored with ``stmatrix`` (4 ``STSM`` x4 per thread instead of 16 4-byte stores with their swizzled
+    # addresses; ``store_p``). A class constant (an A/B sets it).
+    p_stmatrix = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -263,12 +266,15 @@ class MLADecodeSeesaw(MLADecodeBase):
         tSrK = thr_qk.make_fragment_B(thr_qk.partition_B(sK))
         tOrV_rs = thr_rs.make_fragment_B(thr_rs.partition_B(sV))
         tOrV_ss = thr_ss.make_fragment_B(thr_ss.partition_B(sV))
+        own = sP0 if const_expr(me == 0) else sP
         if const_expr(me == 0):
             tOrP_other = thr_ss.make_fragment_A(thr_ss.partition_A(sP))
-            tPsP_own = thr_qk.partition_C(sP0)
         else:
             tOrP_other = thr_ss.make_fragment_A(thr_ss.partition_A(sP0))
-            tPsP_own = thr_qk.partition_C(sP)
+        if const_expr(self.p_stmatrix):
+            tPsP_own = self.p_copy(mma_qk).get_slice(wg_tidx).partition_D(own)
+        else:
+            tPsP_own = thr_qk.partition_C(own)
         return thr_qk, thr_rs, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own
 
     @cute.jit
@@ -507,6 +513,21 @@ class MLADecodeSeesaw(MLADecodeBase):
                 s_m[tScS[i, 0][0], slot] = row_max[i]
         cute.arch.barrier_arrive(barrier_id=bar, number_of_threads=256)
 
+    def p_copy(self, mma_qk):
+        """The tiled ``stmatrix`` copy of a P tile from the QK accumulator's layout (``p_stmatrix``)."""
+        atom = cute.make_copy_atom(cute.nvgpu.warp.StMatrix8x8x16bOp(transpose=False, num_matrices=4), self.dtype)
+        return cute.make_tiled_copy_C(atom, mma_qk)
+
+    @cute.jit
+    def store_p(self, rP, tPsP, wg_tidx):
+        """This warpgroup's P tile (bf16 registers) into its smem view ``tPsP`` (``role_fragments``)."""
+        if const_expr(self.p_stmatrix):
+            mma_qk, _, _ = self.tiled_mmas()
+            p_copy = self.p_copy(mma_qk)
+            cute.copy(p_copy, p_copy.get_slice(wg_tidx).retile(rP), tPsP)
+        else:
+            cute.autovec_copy(rP, tPsP)
+
     @cute.jit
     def read_max(self, s_m, slot: cutlass.Constexpr[int], out, tScS, bar: cutlass.Constexpr[int]):
         cute.arch.barrier(barrier_id=bar, number_of_threads=256)
@@ -738,7 +759,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.mark(3, wg_tidx, full)
         # P0 into t0's RoPE block for WG1 while the P.V runs (it only reads rP), relative to m0: with lazy
         # rescaling m1 is nearly always m0, and where it is not the tile is written again below.
-        cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
+        self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
         if const_expr(self.early_p_fence):
             cute.arch.fence_view_async_shared()
         warpgroup.wait_group(0)
@@ -764,7 +785,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 acc_s.store(rP.load().to(Float32))
             softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
             rP.store(acc_s.load().to(self.dtype))
-            cute.autovec_copy(rP, tPsP_own[None, None, None, stage_a])
+            self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
             if const_expr(self.early_p_fence):
                 cute.arch.fence_view_async_shared()
         if const_expr(not self.early_p_fence):
@@ -830,7 +851,7 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.mark(20, wg_tidx, full)
             # P1 to smem for WG0 while that P.V runs (it reads rP only). sP is free: WG0's P.V that read the
             # previous P1 retired before WG0 arrived on this iteration's M0.
-            cute.autovec_copy(rP, tPsP_own)
+            self.store_p(rP, tPsP_own, wg_tidx)
             if const_expr(not self.early_p_fence):
                 cute.arch.fence_view_async_shared()
             self.mark(17, wg_tidx, full)
