@@ -173,8 +173,11 @@ class MLADecodeSeesaw(MLADecodeBase):
     # within 0.3% on three other rows; bit-identical.
     kv_wide_boxes = True
     # The P tiles stored with ``stmatrix`` (4 ``STSM`` x4 per thread instead of 16 4-byte stores with their swizzled
-    # addresses; ``store_p``). A class constant (an A/B sets it).
-    p_stmatrix = False
+    # addresses; ``store_p``): 152 fewer instructions in the kernel, on both warpgroups' hand-off paths. Paired on
+    # an H100 (mode ``seesaw-sts``, docs/perf-notes.md, thirty-fourth session): 0.961-0.964 at b128 s2 h128 4096 and
+    # 16384, 0.971-0.973 at b128 s1 h128 4096, 0.98-0.99 on short requests; bit-identical. (In 2wg, one P store per
+    # tile off WG0's path, it measured even in the twentieth session.) A class constant (an A/B sets it).
+    p_stmatrix = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):

@@ -95,7 +95,7 @@ MODES = {
     "2wg-wide-boxes": ("2wg", dict(kv_wide_boxes=True), True),  # one TMA copy per column group (or tile)
     "2wg-no-mc": ("2wg", dict(_config=dict(cluster=1)), True),  # no multicast cluster (as MLA_MULTICAST=0)
     "2wg-no-mc-wide": ("2wg", dict(_config=dict(cluster=1), kv_wide_boxes=True), True),  # and one copy per group
-    "seesaw-stmatrix": ("seesaw", dict(p_stmatrix=True), True),  # P tiles stored with stmatrix
+    "seesaw-sts": ("seesaw", dict(p_stmatrix=False), True),  # P tiles stored with 4-byte stores (before)
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 
