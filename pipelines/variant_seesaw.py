@@ -49,8 +49,10 @@ copies need the producer threads' registers) the scoring warpgroups load instead
 every G1, each group by the warpgroup that finishes with it last. With the producer, ``early_releases``
 splits WG0's QK(t0') to release G0 of t1 between its halves. Without a multicast cluster
 (``multicast_cluster``), so each group of a tile is one 4-D TMA copy (``kv_wide_boxes``). Where it stands
-(H100, docs/perf-notes.md, thirty-fourth session): even with 2wg at 256 rows (b128 s2 h128 4096 and 16384), 2-3%
-slower at b128 s1 h128 4096, 4% at 64 rows and 7-12% on short requests, so ``auto`` does not pick it.
+(H100, paired with FlashMLA and 2wg, docs/perf-notes.md, thirty-fourth session): 3-6% faster than 2wg on long
+requests at 128 and 256 rows (b128 s2 h128 4096, b128 s1 / s2 h128 16384), 2% slower at b128 s1 h128 4096 and
+3-12% slower on short requests and at 64 rows. ``auto`` does not pick it yet: its table comes from full-grid runs
+(``pipelines.auto``), none of which has measured this form.
 
 Named barriers (``Bar``, 256 threads unless noted): M0 (WG0 -> WG1: m0 written), M1 (WG1 -> WG0: m1
 written), P0 (WG0 -> WG1: P0 relative to m1 in smem), P1 (WG1 -> WG0: P1 in smem, WG1's P.Vs issued; only
