@@ -9,9 +9,10 @@ counts the instructions that show the variant is on the intended path: ``HGMMA``
 shapes (``64x16x16`` / ``64x32x16`` only for 2wg at <= 32 query rows, its narrow kernel; N >= 64 everywhere
 else),
 ``WARPGROUP.DEPBAR`` (waits for wgmma: one after every HGMMA means ptxas serialized them),
-``UTMALDG`` (TMA loads), ``UTMALDG...MULTICAST``, ``USETMAXREG`` (register reallocation), ``LDGSTS``
-(cp.async), ``STS_ONE_BASE`` (the most 4-byte shared stores from one base register: 16 for 2wg's 64-row
-kernel, whose P tile is unswizzled) and ``LDL``/``STL`` (local memory: register spills). The configurations cover both KV
+``UTMALDG`` (TMA loads), ``UTMALDG...MULTICAST``, ``UTMALDG.4D`` (a K column group in one copy),
+``USETMAXREG`` (register reallocation), ``LDGSTS`` (cp.async), ``STS_ONE_BASE`` (the most 4-byte shared stores
+from one base register: 16 for 2wg's 64-row kernel, whose P tile is unswizzled), ``STSM`` (stmatrix) and
+``LDL``/``STL`` (local memory: register spills). The configurations cover both KV
 loaders and the multicast cluster (``DECODE_CONFIGS``): what a configuration promises follows from
 its page size and cluster (``loader_promises``) on top of the variant's own promises. It exits 1 if
 a kernel lacks an instruction it promises, has one it must not have, has its wgmma serialized, touches
@@ -36,8 +37,8 @@ from dataclasses import dataclass
 
 os.environ.setdefault("CUTE_DSL_ARCH", "sm_90a")
 
-COUNTED = ("HGMMA", "HGMMA_NARROW", "HGMMA_WIDE", "WGMMA_WAIT", "UTMALDG", "UTMALDG_MULTICAST", "UTMAPF", "USETMAXREG", "LDGSTS", "CLUSTER_BAR",
-           "LD_DSMEM", "STG_128", "GRID_BARRIER", "STS_ONE_BASE",
+COUNTED = ("HGMMA", "HGMMA_NARROW", "HGMMA_WIDE", "WGMMA_WAIT", "UTMALDG", "UTMALDG_MULTICAST", "UTMALDG_4D", "UTMAPF", "USETMAXREG", "LDGSTS", "CLUSTER_BAR",
+           "LD_DSMEM", "STG_128", "GRID_BARRIER", "STS_ONE_BASE", "STSM",
            "LDL", "STL")
 _PATTERNS = {
     "HGMMA": re.compile(r"\bHGMMA\b"),
@@ -48,6 +49,8 @@ _PATTERNS = {
     "WGMMA_WAIT": re.compile(r"\bWARPGROUP\.DEPBAR\b"),
     "UTMALDG": re.compile(r"\bUTMALDG\b"),
     "UTMALDG_MULTICAST": re.compile(r"\bUTMALDG\S*MULTICAST"),
+    # 4-D TMA loads: a K column group as one copy (``kv_wide_boxes``: the seesaw's 64-row boxes).
+    "UTMALDG_4D": re.compile(r"\bUTMALDG\.4D\b"),
     # TMA L2 prefetch of K boxes (cp.async.bulk.prefetch.tensor): 2wg's short-chunk prefetch.
     "UTMAPF": re.compile(r"\bUTMAPF\b"),
     "USETMAXREG": re.compile(r"\bUSETMAXREG\b"),
@@ -60,6 +63,8 @@ _PATTERNS = {
     "STG_128": re.compile(r"\bSTG\.E\.128\b"),
     # The in-grid merge's grid barrier (split_k.grid_sync): its arrival, a gpu-scope atomic add.
     "GRID_BARRIER": re.compile(r"\bATOMG\.E\.ADD\.STRONG\.GPU\b"),
+    # stmatrix: the seesaw's P tiles (``p_stmatrix``).
+    "STSM": re.compile(r"\bSTSM\b"),
     "LDL": re.compile(r"\bLDL\b"),
     "STL": re.compile(r"\bSTL\b"),
 }

@@ -172,12 +172,14 @@ class TmaPagedKV(PagedKVLoader):
       warps issue their 9 copies each side by side, and the tile's last copy reaches the TMA unit
       about 4x sooner (the single warp spends ~15 uniform instructions of descriptor and smem
       address bookkeeping per copy, ~500 per tile at page 16).
-    - Why not fewer copies: a copy is at most 64 columns wide, since a 128B-swizzled TMA box's
-      inner dimension is at most 128 bytes. A 3-D box (64 columns, rows, 9 column blocks) would be
-      one instruction, but TMA writes a box densely (column block stride ``rows x 64``), while the
-      stage puts column block c at ``c x 64 x 64`` (the wgmma layout of the 64-token tile): the two
-      agree only for a 64-row box, i.e. not for pages of 16 or 32. Several pages in one box need
-      consecutive pages in memory, which a random block_table does not give.
+    - Why not fewer copies: a copy's inner dimension is at most 64 columns, since a 128B-swizzled TMA
+      box's inner dimension is at most 128 bytes. A box with a column-block dimension (64 columns,
+      rows, column blocks) is one instruction, but TMA writes a box densely (column block stride
+      ``rows x 64``), while the stage puts column block c at ``c x 64 x 64`` (the wgmma layout of the
+      64-token tile): the two agree only for a 64-row box, i.e. not for pages of 16 or 32, nor for a
+      CTA's half of a tile in a multicast cluster. Where they agree a kernel may load each column
+      group as one such copy (``set_wide_groups``, the kernel's ``kv_wide_boxes``). Several pages in
+      one box need consecutive pages in memory, which a random block_table does not give.
     - Barrier: the full barrier expects ``producer_warps`` arrivals, each warp's elected lane
       arrives with ``arrive.expect_tx`` of its own box's bytes (``tile_bytes / producer_warps``)
       before issuing that box (``producer_acquire``), so a warp's copies never complete ahead of

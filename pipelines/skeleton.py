@@ -81,7 +81,10 @@ class MLADecodeBase:
     kv_l2_hint = None
     # Each column group of a K tile (``kv_col_groups``) loaded by one 4-D TMA copy instead of one copy per
     # 64-column block, where the loader can (``paged_kv.TmaPagedKV.set_wide_groups``: pages 64 and 128 without
-    # a cluster). A class constant (an A/B sets it).
+    # a cluster). On in the seesaw (measured there); off in 2wg, where it can apply only without a multicast
+    # cluster: 0.998-1.000 at 64 rows, and without the cluster at 128 and 256 rows within 0.5% of the
+    # cluster's form (H100, paired, docs/perf-notes.md, thirty-fourth session). A class constant (an A/B sets
+    # it).
     kv_wide_boxes = False
     # The K stage waits in front of a QK poll the full barrier (``paged_kv.PagedKVLoader.consumer_wait``'s
     # ``spin``) instead of ``try_wait``, whose SASS sleeps between checks (``NANOSLEEP.SYNCS``) and may wake

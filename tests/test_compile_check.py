@@ -61,6 +61,14 @@ def test_variant_compiles_with_its_promises(variant, capsys):
         assert multicast_rows and all(count(r, "UTMALDG_MULTICAST") > 0 for r in multicast_rows), out
     else:  # seesaw runs no multicast cluster
         assert all(count(r, "UTMALDG_MULTICAST") == 0 for r in rows), out
+    # The seesaw loads each K column group as one 4-D copy where a box is the tile's 64 rows (page 64, no
+    # cluster) and stores its P tiles with stmatrix (kv_wide_boxes, p_stmatrix); 2wg and 3wg do neither.
+    if variant == "seesaw":
+        assert all(count(r, "UTMALDG_4D") > 0 for r in rows if " p64 " in r), out
+        assert all(count(r, "UTMALDG_4D") == 0 for r in rows if " p64 " not in r), out
+        assert all(count(r, "STSM") > 0 for r in rows), out
+    else:
+        assert all(count(r, "UTMALDG_4D") == 0 and count(r, "STSM") == 0 for r in rows), out
     gather_rows = [r for r in rows if " p1 " in r]
     assert gather_rows and all(count(r, "LDGSTS") > 0 for r in gather_rows), out
     # Split clusters: cluster barriers and 16-byte distributed-shared-memory reads; nothing else
