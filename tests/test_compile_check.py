@@ -392,7 +392,9 @@ def test_narrow_kernel_transposes_both_products():
 def test_seesaw_computes_each_exponential_once():
     # S is carried around the seesaw's loop; with its fp32 P left in S's registers ptxas recomputed each tile's
     # 32 exponentials per warpgroup to keep them alive (docs/perf-notes.md, thirty-second session).
-    # ``clear_p`` zeroes S once P is in bf16: the kernel must then hold at least 2 x 32 MUFU.EX2 fewer.
+    # ``clear_p`` zeroes S once P is in bf16: the kernel then holds each tile's exponentials once. The form that
+    # keeps P recomputes at least one tile's 32 (64 more when this test was written, 59 more at dee28ff); the
+    # library's count (102 at h128 s2 causal) must not grow back.
     import tempfile
 
     from pipelines import launch
@@ -407,4 +409,4 @@ def test_seesaw_computes_each_exponential_once():
                                       kernel_class=kernel)
             sass = compile_check.disassemble(compile_check.find_nvdisasm(), fn.artifacts.CUBIN, d)
         exps[clear] = len(re.findall(r"MUFU\.EX2", sass))
-    assert exps[True] + 64 <= exps[False], exps
+    assert exps[True] + 32 <= exps[False] and exps[True] <= 102, exps
