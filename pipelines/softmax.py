@@ -39,13 +39,7 @@ def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
     """
     for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
         m_prev = row_max[i]
-        m_new = m_prev
-        if const_expr(tree):
-            m_new = _tree_max([s_mn[i, j] for j in range(cute.size(s_mn, mode=[1]))] + [m_prev])
-        else:
-            for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-                m_new = cute.arch.fmax(m_new, s_mn[i, j])
-        m_new = cute.arch.warp_reduction_max(m_new, threads_in_group=4)
+        m_new = cute.arch.warp_reduction_max(_thread_row_max(s_mn, i, tree, m_prev), threads_in_group=4)
         row_max[i], row_scale[i], row_sum[i] = settle_max(s_mn[i, None], m_prev, m_new, row_sum[i], scale_log2,
                                                           lazy)
 
@@ -56,13 +50,7 @@ def tile_row_max(s_mn: cute.Tensor, out: cute.Tensor, tree: cutlass.Constexpr[bo
     ``online_softmax_step_from`` once the running max is known: max is exact, so the step gives what
     ``online_softmax_step`` gives."""
     for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
-        m = s_mn[i, 0]
-        if const_expr(tree):
-            m = _tree_max([s_mn[i, j] for j in range(cute.size(s_mn, mode=[1]))])
-        else:
-            for j in cutlass.range_constexpr(1, cute.size(s_mn, mode=[1])):
-                m = cute.arch.fmax(m, s_mn[i, j])
-        out[i] = cute.arch.warp_reduction_max(m, threads_in_group=4)
+        out[i] = cute.arch.warp_reduction_max(_thread_row_max(s_mn, i, tree), threads_in_group=4)
 
 
 @cute.jit
@@ -75,6 +63,18 @@ def online_softmax_step_from(s_mn: cute.Tensor, tile_max: cute.Tensor, row_max: 
         m_new = cute.arch.fmax(m_prev, tile_max[i])
         row_max[i], row_scale[i], row_sum[i] = settle_max(s_mn[i, None], m_prev, m_new, row_sum[i], scale_log2,
                                                           lazy)
+
+
+def _thread_row_max(s_mn: cute.Tensor, i: int, tree: bool, init=None):
+    """This thread's max over row ``i`` of ``s_mn`` (and ``init``, if given): a pairwise tree (``init`` last) or
+    one chain (``init`` first). Plain Python, run while tracing like ``_tree_max``."""
+    vals = [s_mn[i, j] for j in range(cute.size(s_mn, mode=[1]))]
+    if tree:
+        return _tree_max(vals if init is None else vals + [init])
+    m = vals[0] if init is None else init
+    for v in (vals[1:] if init is None else vals):
+        m = cute.arch.fmax(m, v)
+    return m
 
 
 def _tree_max(vals: list):
