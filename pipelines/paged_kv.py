@@ -457,18 +457,17 @@ class TmaPagedKV(PagedKVLoader):
         if const_expr(cols is None):
             cols = self.wide_groups[0]
         tKsK, tKgK = self._wide_views(tma_k, mK, sK, in_page, kv_head, page, stage, cols)
-        hint = {}
-        if const_expr(self.l2_hint is not None):
-            hint = dict(cache_policy=_l2_policy(self.l2_hint))
-        cute.copy(tma_k[self.wide_groups.index(tuple(cols))], tKgK, tKsK, tma_bar_ptr=bar, **hint)
+        cute.copy(tma_k[self.wide_groups.index(tuple(cols))], tKgK, tKsK, tma_bar_ptr=bar, **self._policy())
+
+    def _policy(self) -> dict:
+        """A K copy's cache-policy keyword (``l2_hint``; none without a hint), built while tracing."""
+        return {} if self.l2_hint is None else dict(cache_policy=_l2_policy(self.l2_hint))
 
     @cute.jit
     def _copy_box(self, tma_k, tKgK, tKsK, in_page, kv_head, page, box_idx, stage, bar, cols):
         """The TMA copies of one box (all 576 columns, or the column blocks ``cols``), multicast to the
         cluster when there is one; with the loader's ``l2_hint`` as their L2 cache policy."""
-        hint = {}
-        if const_expr(self.l2_hint is not None):
-            hint = dict(cache_policy=_l2_policy(self.l2_hint))
+        hint = self._policy()
         if const_expr(self.by_columns):
             for c in cutlass.range_constexpr(len(cols)):
                 if const_expr(self.cluster > 1):
