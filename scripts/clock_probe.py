@@ -15,12 +15,13 @@ from __future__ import annotations
 import argparse
 import pathlib
 import statistics
-import subprocess
 import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from smi_sampler import smi_samples  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -42,17 +43,14 @@ def main(argv=None) -> int:
     for _ in range(20):
         graph.replay()
     torch.cuda.synchronize()
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu",
-                            "--format=csv,noheader", "-lms", "20"], stdout=subprocess.PIPE, text=True)
-    time.sleep(0.3)
-    times, batch_medians = [], []
-    for first in range(0, args.replays, args.batch):
-        batch = bench.replay_times(graph, min(args.batch, args.replays - first))
-        times += batch
-        batch_medians.append(statistics.median(batch))
-    time.sleep(0.3)
-    smi.terminate()
-    samples = smi.communicate()[0].strip().splitlines()
+    with smi_samples("timestamp,clocks.sm,power.draw,temperature.gpu", 20) as samples:
+        time.sleep(0.3)
+        times, batch_medians = [], []
+        for first in range(0, args.replays, args.batch):
+            batch = bench.replay_times(graph, min(args.batch, args.replays - first))
+            times += batch
+            batch_medians.append(statistics.median(batch))
+        time.sleep(0.3)
     q = statistics.quantiles(times, n=20)
     print(f"{cfg.label()}: {len(times)} replays, us: min {min(times):.1f} p5 {q[0]:.1f} p25 {q[4]:.1f} "
           f"median {statistics.median(times):.1f} p75 {q[14]:.1f} p95 {q[18]:.1f} max {max(times):.1f}")

@@ -44,25 +44,22 @@ def sustained(graph, seconds: float, batch: int = 20) -> tuple[float, float, flo
     (the clock settles under a kernel's own load in well under a second): us per replay, MHz, W. Why: a
     kernel's clock follows its own power draw, so two kernels' times compare as cycles only at their own clocks
     (interleaved replays share one clock state)."""
-    import subprocess
-
     import torch
 
-    smi = subprocess.Popen(["nvidia-smi", "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits",
-                            "-lms", "50"], stdout=subprocess.PIPE, text=True)
+    from smi_sampler import smi_samples
+
     times = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(batch):
-            graph.replay()
-        stop.record()
-        stop.synchronize()
-        times.append(start.elapsed_time(stop) * 1e3 / batch)
-    smi.terminate()
-    samples = [tuple(float(x) for x in line.split(",")) for line in smi.communicate()[0].splitlines()
-               if line.count(",") == 1]
+    with smi_samples("clocks.sm,power.draw", 50, units=False) as lines:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(batch):
+                graph.replay()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop) * 1e3 / batch)
+    samples = [tuple(float(x) for x in line.split(",")) for line in lines if line.count(",") == 1]
     half = samples[len(samples) // 2:] or [(float("nan"), float("nan"))]
     return (statistics.median(times[len(times) // 2:]), statistics.median(m for m, _ in half),
             statistics.median(w for _, w in half))
