@@ -63,6 +63,18 @@ def test_off_default_path_failed_and_auto_rows_are_ignored():
     assert auto.slower_rows(r, [entry]) == []
 
 
+def test_a_pipeline_without_a_cluster_meets_one_with_its_cluster_on():
+    # 2wg runs 128 rows with its multicast cluster (rows say multicast True), the seesaw without one
+    # (multicast None): one config, compared; the mc-off A/B row still decides nothing.
+    r = run_of(row("2wg", 100.0, multicast=True), row("2wg", 90.0, multicast=False), row("seesaw", 95.0),
+               row("auto", 100.0, multicast=True, resolved="2wg", paired={"2wg": 1.0, "seesaw": 1.05}))
+    (entry,) = auto.derive(r)
+    assert entry["pipeline"] == "seesaw" and set(entry["geomean_us"]) == {"2wg", "seesaw"}
+    assert auto.slower_rows(r, [entry]) == [] and len(auto.slower_rows(r, [{**entry, "pipeline": "2wg"}])) == 1
+    (line,) = auto.verify(r)
+    assert line["fastest"] == "seesaw" and line["slower"] and line["paired"] == 1.05
+
+
 def test_key_is_page_s_q_h_q_h_kv_batch_and_block_table_capacity():
     # s_q and h_q are separate coordinates: h_q 64 at s_q 2 is not h_q 128 at s_q 1.
     r = run_of(row("2wg", 100.0, s_q=2, h_q=64), row("3wg", 50.0, s_q=2, h_q=64),
@@ -161,26 +173,32 @@ def test_choices_agree_with_choose_on_a_dense_sweep():
 
 def test_committed_table_lookups():
     # Every measured key of the committed table looks up to its own entry; a variant that is not a
-    # candidate is never chosen; page 64, b128, s_q 1, h_q 128 is 2wg's at every length (in every run
-    # so far, by 15-20%); keys of at most 16 rows per kv head are 2wg's (step 5: the table's runs predate
-    # the narrow kernel). Lookups on it are cached.
+    # candidate is never chosen (the seesaw's keys fall back to 2wg without it); in the table's runs
+    # (H100, 29f0825) page 64 b128 s_q 2 h_q 128 is the seesaw's at every length (3-4% ahead of 2wg),
+    # b128 s_q 1 h_q 128 2wg's up to 4096 keys and the seesaw's at 16384; keys of at most 16 rows per
+    # kv head are 2wg's (its narrow kernel). Lookups on it are cached.
     from pipelines import auto_table
 
-    both = ("2wg", "3wg")
+    every = ("2wg", "3wg", "seesaw")
     entries = auto_table.ENTRIES
-    assert {e["pipeline"] for e in entries} == {"2wg", "3wg"}
+    assert {e["pipeline"] for e in entries} == set(every)
     for e in entries:
         page, s_q, h_q, h_kv, b, capacity = e["key"]
-        assert auto.choose(page, s_q, h_q, h_kv, b, capacity, both) == e["pipeline"], e
+        assert auto.choose(page, s_q, h_q, h_kv, b, capacity, every) == e["pipeline"], e
         assert auto.choose(page, s_q, h_q, h_kv, b, capacity, ("2wg",)) == "2wg"
+        without = auto.choose(page, s_q, h_q, h_kv, b, capacity, ("2wg", "3wg"))
+        assert without == (e["pipeline"] if e["pipeline"] != "seesaw" else "2wg"), e
         if h_q // h_kv * s_q <= auto.NARROW_ROWS:
             assert e["pipeline"] == "2wg", e
-    assert sum(e.get("measured_pipeline") == "3wg" for e in entries) > 0  # step 5 changed something here
-    assert auto.choose(64, 1, 128, 1, 128, 4096, both) == "2wg"
-    assert auto.choices(64, 1, 128, 1, both, batch=128) == ("2wg",)
+    assert not any("measured_pipeline" in e for e in entries)  # no run predates the narrow kernel
+    for seqlen in (1024, 4096, 16384):
+        assert auto.choose(64, 2, 128, 1, 128, seqlen, every) == "seesaw"
+    assert [auto.choose(64, 1, 128, 1, 128, n, every) for n in (1024, 4096, 16384)] == ["2wg", "2wg", "seesaw"]
+    assert auto.choices(64, 1, 128, 1, every, batch=128) == ("2wg", "seesaw")
+    assert auto.choices(64, 2, 128, 1, every, batch=128) == ("seesaw",)
     three = next(e for e in entries if e["pipeline"] == "3wg")
     page, s_q, h_q, h_kv, b, _ = three["key"]
-    assert "3wg" in auto.choices(page, s_q, h_q, h_kv, both)
+    assert "3wg" in auto.choices(page, s_q, h_q, h_kv, every)
 
 
 def test_report_flags_rows_more_than_2_percent_slower():
@@ -264,7 +282,7 @@ def test_verify_compares_auto_with_the_faster_variant():
     assert (ok["ratio"], ok["slower"], ok["fastest"], ok["resolved"]) == (pytest.approx(1.01), False, "2wg", "2wg")
     assert wrong["slower"] and wrong["fastest"] == "3wg" and wrong["resolved_ratio"] == pytest.approx(10 / 9)
     assert noise["slower"] and noise["resolved_ratio"] == 1.0 and noise["ratio"] == pytest.approx(1.04)
-    assert not mc["slower"] and mc["fastest_us"] == 30.0 and mc["config"][-1] is True
+    assert not mc["slower"] and mc["fastest_us"] == 30.0  # the mc-off rows (20 and 21 us) left out
 
 
 def test_verify_cli_prints_every_config_and_exits_1_on_a_slower_row(tmp_path, capsys):
