@@ -153,6 +153,17 @@ def _config_fields(variant: str, cfg: grid.Config, resolved: str | None = None) 
             "varlen": cfg.varlen, "causal": cfg.causal, "multicast": cfg.multicast, "kv_capacity": cfg.kv_capacity()}
 
 
+def paired_with(auto_cfg, cfg) -> bool:
+    """Whether a variant row timed as ``cfg`` is one an auto row timed as ``auto_cfg`` (the same config) is
+    paired with: the same multicast setting, or both on the library's default path (a variant without a
+    cluster, multicast None, beside an auto row of a cluster config, multicast True); never an mc-off A/B row
+    against a default-path one."""
+    if cfg == auto_cfg:
+        return True
+    return (cfg.multicast is not False and auto_cfg.multicast is not False
+            and dataclasses.replace(cfg, multicast=None) == dataclasses.replace(auto_cfg, multicast=None))
+
+
 def paired_ratio(a: list[float], b: list[float]) -> float:
     """Median over rounds of ``a[i] / b[i]``: two graphs' replay times taken in the same rounds
     (``bench.time_graphs_interleaved`` returns samples in round order). Where two rows run the same
@@ -479,7 +490,7 @@ def main(quick: bool = False, pipeline: str | list[str] | None = None, out: str 
                 paired = None
                 if vc[0] == AUTO:
                     paired = {v: paired_ratio(samples, other) for (v, c), other in timed.items()
-                              if v != AUTO and c == vc[1]}
+                              if v != AUTO and paired_with(vc[1], c)}
                 measured[vc] = (fns[vc], samples, paired)
 
     def run_one(variant, cfg):

@@ -807,3 +807,16 @@ def test_regenerate_shows_flashmla_paired_runs(fixture_results, tmp_path):
             f"| 0.889 |\n") in h200
     assert "| nvidia-h200_2026-11-26_abc1234_flashmla.json | 32 | 2 | 128 | 1024 | 40.0 | 45.0 | 0.889 |\n" in h200
     assert "FlashMLA paired" not in readme.split("## NVIDIA H200")[0].split("## NVIDIA H100")[1]  # H100: no file
+
+
+def test_auto_rows_pair_with_every_default_path_variant():
+    # An auto row of a cluster config (multicast True) pairs with 2wg's mc-on row and the seesaw's
+    # no-cluster row (multicast None), not with the mc-off A/B rows; an auto row of a config without a
+    # cluster pairs with the variants' None rows only.
+    on = Config(page_size=64, b=128, s_q=2, h_q=128, seqlen=4096, multicast=True)
+    off = dataclasses.replace(on, multicast=False)
+    none = dataclasses.replace(on, multicast=None)
+    assert runner.paired_with(on, on) and runner.paired_with(on, none)
+    assert not runner.paired_with(on, off) and not runner.paired_with(off, on)
+    assert runner.paired_with(none, none) and not runner.paired_with(none, off)
+    assert not runner.paired_with(on, dataclasses.replace(none, seqlen=1024))
