@@ -174,7 +174,7 @@ def test_choices_agree_with_choose_on_a_dense_sweep():
 def test_committed_table_lookups():
     # Every measured key of the committed table looks up to its own entry; a variant that is not a
     # candidate is never chosen (the seesaw's keys fall back to 2wg without it); in the table's runs
-    # (H100, 29f0825) page 64 b128 s_q 2 h_q 128 is the seesaw's at every length (3-4% ahead of 2wg),
+    # (H200 79aad03, H100 29f0825) page 64 b128 s_q 2 h_q 128 is the seesaw's at every length (2-4% ahead),
     # b128 s_q 1 h_q 128 2wg's up to 4096 keys and the seesaw's at 16384; keys of at most 16 rows per
     # kv head are 2wg's (its narrow kernel). Lookups on it are cached.
     from pipelines import auto_table
