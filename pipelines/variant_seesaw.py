@@ -88,13 +88,6 @@ G0_COLS = (0, 1, 2, 3)  # 64-column blocks of group 0: V_L
 G1_COLS = (4, 5, 6, 7, 8)  # group 1: V_R and the RoPE block (where P0 goes)
 
 
-@cute.jit
-def join_max(other_max: cute.Tensor, row_max: cute.Tensor):
-    """other_max = max(other_max, row_max) per row: the pair's common max from the two warpgroups' own."""
-    for i in cutlass.range_constexpr(cute.size(row_max, mode=[0])):
-        other_max[i] = cute.arch.fmax(other_max[i], row_max[i])
-
-
 class Bar(enum.IntEnum):
     M0 = 1
     M1 = 2
@@ -191,12 +184,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # chunk's epilogue instead of at the next chunk's start, where the global load's latency stood between
     # the epilogue and the next chunk's first QK. A class constant (an A/B sets it).
     early_bounds = False
-    # WG1's softmax of t1 from the running max, beside WG0's softmax of t0, instead of after m0 (M0): both publish
-    # their max, each takes m = max(m0', m1') and scales its P (WG1 in fp32 before its P.V, WG0 its stored P0 as
-    # before) only where m is above its own, which with lazy rescaling happens nearly only in a chunk's first pair.
-    # Why: the timeline had WG1 idle at M0 for WG0's whole softmax and PV_R(t1) going out about 1900 cycles after
-    # S0 retired, the tensor pipe idle for most of that. A class constant (an A/B sets it).
-    parallel_softmax = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -808,8 +795,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.mark(6, wg_tidx, full)
         if has_t1:
             self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: never read by WG0 (after M1: see docstring)
-        if const_expr(self.parallel_softmax):
-            join_max(other_max, row_max)  # m1' came from the running max, not from m0': it may be lower
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
         # P0 relative to m1 for WG1: written again only by the warps where the max moved.
         if softmax.warp_needs_rescale(row_scale):
@@ -834,63 +819,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         return prod
 
     @cute.jit
-    def wg1_softmax_after_m0(self, t1, has_t1, a0, pipe_g0, seqlen, row_limit, tScS, row_max, row_sum, row_scale,
-                             other_max, acc_s, s_m, wg_tidx, full, scale_log2):
-        """WG1's softmax in the max-first order (``parallel_softmax`` off): m0 first (M0), then the softmax of
-        t1 from m0 (m1 = max(m0, S1's maxima), so m1 >= m0) and m1 back to WG0 (M1); without a t1, m1 = m0.
-        Leaves row_max = m1, row_scale = O_R's factor from the running max to m1."""
-        tile_max = cute.make_rmem_tensor_like(row_max)
-        if const_expr(self.wg1_max_ahead):
-            # S1's row maxima while WG0 runs its softmax: after M0 only m1 = max(m0, them) and the exponentials.
-            if has_t1:
-                self.mask_tile(acc_s, t1, seqlen, row_limit, tScS)
-                softmax.tile_row_max(layouts.acc_mn_view(acc_s), tile_max, self.softmax_tree)
-        self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
-        self.mark(13, wg_tidx, full)
-        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
-        softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)  # to m0
-        if has_t1:
-            to_m0 = cute.make_rmem_tensor_like(row_scale)
-            to_m0.store(row_scale.load())
-            if const_expr(self.wg1_max_ahead):
-                softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), tile_max, row_max, row_sum, row_scale,
-                                                 scale_log2, self.lazy_rescale)
-            else:
-                self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
-            self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
-            self.mark(16, wg_tidx, full)
-            for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
-                row_scale[i] = row_scale[i] * to_m0[i]  # O_R from m to m1 in one pass
-        else:
-            self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))  # m1 = m0: no t1
-
-    @cute.jit
-    def wg1_softmax_parallel(self, t1, has_t1, a0, pipe_g0, seqlen, row_limit, tScS, row_max, row_sum, row_scale,
-                             other_max, acc_s, s_m, wg_tidx, full, scale_log2):
-        """WG1's softmax beside WG0's (``parallel_softmax``): the softmax of t1 from the running max (m1'),
-        m1' to WG0 (M1), then m0' (M0) and the pair's max m = max(m0', m1'). Where m > m1' (WG0's tile raised
-        a row further: with lazy rescaling nearly only in a chunk's first pair) S1's P is scaled to m in fp32,
-        before its conversion and its P.V, so no wgmma is in flight. Without a t1, m1' is the running max.
-        Leaves row_max = m, row_scale = O_R's factor from the running max to m."""
-        to_m1 = cute.make_rmem_tensor_like(row_scale)
-        to_m1.fill(1.0)
-        if has_t1:
-            self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
-            to_m1.store(row_scale.load())
-        self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
-        self.mark(16, wg_tidx, full)
-        self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
-        self.mark(13, wg_tidx, full)
-        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
-        join_max(other_max, row_max)
-        softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)  # m1' to m
-        if has_t1:
-            if softmax.warp_needs_rescale(row_scale):
-                softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
-        for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
-            row_scale[i] = row_scale[i] * to_m1[i]  # O_R from the running max to m in one pass
-
-    @cute.jit
     def wg1_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
                       kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
                       acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
@@ -905,15 +833,29 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.mark(12, wg_tidx, full)
         page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
         self.prefetch_next_pair(is_producer, tma_k, mK, sK, t1 + 2 * C, stop, kv_head, page_b, wg_tidx)
-        if const_expr(self.parallel_softmax):
-            self.wg1_softmax_parallel(t1, has_t1, a0, pipe_g0, seqlen, row_limit, tScS, row_max, row_sum, row_scale,
-                                      other_max, acc_s, s_m, wg_tidx, full, scale_log2)
-        else:
-            self.wg1_softmax_after_m0(t1, has_t1, a0, pipe_g0, seqlen, row_limit, tScS, row_max, row_sum, row_scale,
-                                      other_max, acc_s, s_m, wg_tidx, full, scale_log2)
-        # Here: row_max is the pair's common max m, row_scale O_R's factor to it, S1 (with a t1) its P at m.
+        tile_max = cute.make_rmem_tensor_like(row_max)
+        if const_expr(self.wg1_max_ahead):
+            # S1's row maxima while WG0 runs its softmax: after M0 only m1 = max(m0, them) and the exponentials.
+            if has_t1:
+                self.mask_tile(acc_s, t1, seqlen, row_limit, tScS)
+                softmax.tile_row_max(layouts.acc_mn_view(acc_s), tile_max, self.softmax_tree)
+        self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
+        self.mark(13, wg_tidx, full)
+        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
+        softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)  # to m0
         valid0 = seqlen - t0 * BLOCK_N
         if has_t1:
+            to_m0 = cute.make_rmem_tensor_like(row_scale)
+            to_m0.store(row_scale.load())
+            if const_expr(self.wg1_max_ahead):
+                softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), tile_max, row_max, row_sum, row_scale,
+                                                 scale_log2, self.lazy_rescale)
+            else:
+                self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+            self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
+            self.mark(16, wg_tidx, full)
+            for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
+                row_scale[i] = row_scale[i] * to_m0[i]  # O_R from m to m1 in one pass
             rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
             rP.store(acc_s.load().to(self.dtype))
             self.clear_s(acc_s)
@@ -978,6 +920,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.mark(24, wg_tidx, full)
                 self.loader.consumer_release(pipe_g0, m0s)  # G0 of t1': QK was WG1's only read of it
         else:
+            self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))  # m1 = m0: no t1
             softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
             self.loader.consumer_wait(pipe_g1, a1)

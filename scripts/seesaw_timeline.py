@@ -73,7 +73,7 @@ FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-con
                                                                    "seesaw-no-l2", "seesaw-max-after",
                                                                    "seesaw-producer-spin", "seesaw-keep-p",
                                                                    "seesaw-late-fence", "seesaw-narrow-boxes", "seesaw-sts",
-                                                                   "seesaw-late-bounds", "seesaw-max-first")}}
+                                                                   "seesaw-late-bounds")}}
 MAX_CTAS = 1024
 
 
