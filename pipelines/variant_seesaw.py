@@ -183,7 +183,7 @@ class MLADecodeSeesaw(MLADecodeBase):
     # Each math warpgroup reads the next request's length and split bounds (``bounds_loads``) before the
     # chunk's epilogue instead of at the next chunk's start, where the global load's latency stood between
     # the epilogue and the next chunk's first QK. A class constant (an A/B sets it).
-    early_bounds = False
+    early_bounds = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
