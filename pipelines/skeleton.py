@@ -526,17 +526,14 @@ class MLADecodeBase:
 
     @cute.jit
     def chunk_bounds(self, r: Int32, begin_req: Int32, begin_block: Int32, end_req: Int32, end_block: Int32,
-                     begin_split: Int32, mSeqlens: cute.Tensor, mNumSplits: cute.Tensor, loaded=None):
+                     begin_split: Int32, mSeqlens: cute.Tensor, mNumSplits: cute.Tensor):
         """KV tile range [start, stop) of request r inside this part, and where its output goes.
 
         With a split cluster the plan counts in groups of ``split_cluster`` tiles (its ``block_n`` is
         ``64 * split_cluster``); ``start`` is then this CTA's first tile, and it takes every
         ``split_cluster``-th tile from there (``cluster_rank`` interleaves the ranks tile by tile).
-        ``loaded``: request r's three global values, read earlier by ``bounds_loads`` (None: read here).
         """
-        if const_expr(loaded is None):
-            loaded = self.bounds_loads(r, mSeqlens, mNumSplits)
-        seqlen, split_base, split_end = loaded
+        seqlen = mSeqlens[r]
         n_blocks = (seqlen + BLOCK_N - 1) // BLOCK_N
         start = self.chunk_start(r, begin_req, begin_block)
         stop = n_blocks
@@ -548,13 +545,9 @@ class MLADecodeBase:
         if const_expr(self.split_cluster > 1):
             if r == end_req:
                 stop = cutlass.min(stop * self.split_cluster, n_blocks)
-        is_split = (split_end - split_base) > 1
+        split_base = mNumSplits[r]
+        is_split = (mNumSplits[r + 1] - split_base) > 1
         return seqlen, n_blocks, start, stop, is_split, split_base + split_no
-
-    @cute.jit
-    def bounds_loads(self, r: Int32, mSeqlens: cute.Tensor, mNumSplits: cute.Tensor):
-        """The global values ``chunk_bounds`` reads of request r: its length and its first and end split."""
-        return mSeqlens[r], mNumSplits[r], mNumSplits[r + 1]
 
     @cute.jit
     def empty_row_lse(self, is_split) -> Float32:

@@ -180,10 +180,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # 16384, 0.971-0.973 at b128 s1 h128 4096, 0.98-0.99 on short requests; bit-identical. (In 2wg, one P store per
     # tile off WG0's path, it measured even in the twentieth session.) A class constant (an A/B sets it).
     p_stmatrix = True
-    # Each math warpgroup reads the next request's length and split bounds (``bounds_loads``) before the
-    # chunk's epilogue instead of at the next chunk's start, where the global load's latency stood between
-    # the epilogue and the next chunk's first QK. A class constant (an A/B sets it).
-    early_bounds = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -317,15 +313,10 @@ class MLADecodeSeesaw(MLADecodeBase):
         # prologue) and turned into P at the start of the next.
         acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
 
-        # The next chunk's global bounds (length, splits), read before this chunk's epilogue (``early_bounds``).
-        next_bounds = self.bounds_loads(begin_req, mSeqlens, mNumSplits)
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
             self.mark(28 + me, wg_tidx, True)
-            loaded = None
-            if const_expr(self.early_bounds):
-                loaded = next_bounds
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
-                r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits, loaded)
+                r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
             if const_expr(not self.with_producer):
                 if const_expr(me == 0):
                     if wg_warp == 0:
@@ -397,9 +388,6 @@ class MLADecodeSeesaw(MLADecodeBase):
             pipe_q.consumer_release(q_state)
             q_state.advance()
             self.mark(34 + me, wg_tidx, True)
-            if const_expr(self.early_bounds):
-                # (the last chunk reads its own request again: valid, unused)
-                next_bounds = self.bounds_loads(cutlass.min(r + 1, end_req), mSeqlens, mNumSplits)
 
             self.finish_chunk(me, wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, row_max, row_sum, tScS,
                               s_sum, s_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage)
