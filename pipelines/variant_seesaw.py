@@ -180,12 +180,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # 16384, 0.971-0.973 at b128 s1 h128 4096, 0.98-0.99 on short requests; bit-identical. (In 2wg, one P store per
     # tile off WG0's path, it measured even in the twentieth session.) A class constant (an A/B sets it).
     p_stmatrix = True
-    # WG1 issues O_R += P0.V_R(t0) (P0 at m0, which WG0 no longer rewrites) before its softmax of t1, so that the
-    # tensor pipe has both P.Vs of t0 while WG1's softmax runs; both warpgroups then move their O from m0 to m1
-    # once their P.V of t0 retired. The producer refills G1 of t0 before G1 of t1 (the release order). Why: the
-    # timeline had the pipe running only PV_L(t0) in the ~1900 cycles from S0's retirement to PV_R(t1)'s issue.
-    # A class constant (an A/B sets it).
-    wg1_p0_first = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -451,18 +445,11 @@ class MLADecodeSeesaw(MLADecodeBase):
                 page1 = self.loader.page_id(mBlockTable, r, t1, seqlen, wg_tidx)
                 q1 = p1.clone()
                 q1.advance()
-                if const_expr(self.wg1_p0_first):  # WG1 frees G1 of t0 first
-                    self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
-                                       page0, G1_COLS)
-                    self.mark(45, wg_tidx, loads_of_full)
-                    self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx,
-                                       page1, G1_COLS)
-                else:
-                    self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx,
-                                       page1, G1_COLS)
-                    self.mark(45, wg_tidx, loads_of_full)
-                    self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
-                                       page0, G1_COLS)
+                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx,
+                                   page1, G1_COLS)
+                self.mark(45, wg_tidx, loads_of_full)
+                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
+                                   page0, G1_COLS)
                 self.mark(46, wg_tidx, loads_of_full)
                 self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t1, seqlen, kv_head, wg_tidx,
                                    page1, G0_COLS)
@@ -778,12 +765,8 @@ class MLADecodeSeesaw(MLADecodeBase):
         # P0 into t0's RoPE block for WG1 while the P.V runs (it only reads rP), relative to m0: with lazy
         # rescaling m1 is nearly always m0, and where it is not the tile is written again below.
         self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
-        if const_expr(self.early_p_fence or self.wg1_p0_first):
+        if const_expr(self.early_p_fence):
             cute.arch.fence_view_async_shared()
-        if const_expr(self.wg1_p0_first):
-            # P0 at m0 is final: WG1's P.V of t0 goes out right behind this warpgroup's.
-            cute.arch.barrier_arrive(barrier_id=int(Bar.P0), number_of_threads=256)
-            self.mark(2, wg_tidx, full)
         warpgroup.wait_group(0)
         self.mark(4, wg_tidx, full)
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: QK and P.V done; refill it now
@@ -801,21 +784,19 @@ class MLADecodeSeesaw(MLADecodeBase):
         if has_t1:
             self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: never read by WG0 (after M1: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
-        if const_expr(not self.wg1_p0_first):
-            # P0 relative to m1 for WG1: written again only by the warps where the max moved.
-            if softmax.warp_needs_rescale(row_scale):
-                if const_expr(self.clear_p):  # from the bf16 P0 (S is cleared): rounded twice
-                    acc_s.store(rP.load().to(Float32))
-                softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
-                rP.store(acc_s.load().to(self.dtype))
-                self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
-                if const_expr(self.early_p_fence):
-                    cute.arch.fence_view_async_shared()
-            if const_expr(not self.early_p_fence):
+        # P0 relative to m1 for WG1: written again only by the warps where the max moved.
+        if softmax.warp_needs_rescale(row_scale):
+            if const_expr(self.clear_p):  # from the bf16 P0 (S is cleared): rounded twice
+                acc_s.store(rP.load().to(Float32))
+            softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
+            rP.store(acc_s.load().to(self.dtype))
+            self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
+            if const_expr(self.early_p_fence):
                 cute.arch.fence_view_async_shared()
-            cute.arch.barrier_arrive(barrier_id=int(Bar.P0), number_of_threads=256)
-            self.mark(2, wg_tidx, full)
-        # O_L (P.V of t0 retired) from m0 to m1.
+        if const_expr(not self.early_p_fence):
+            cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=int(Bar.P0), number_of_threads=256)
+        self.mark(2, wg_tidx, full)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         if has_t1:
             # P1 in smem and WG1's two P.Vs issued: O_L += P1.V_L(t1) goes in behind them.
@@ -823,102 +804,6 @@ class MLADecodeSeesaw(MLADecodeBase):
             prod = self.wg0_tail(t0, t1, b0, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r, kv_head, wg_tidx,
                                  is_producer, acc_s, acc_o, tSrQ, tSrK, tOrV_ss, tOrP_other, tma_k, mK, sK,
                                  mBlockTable, page_b)
-        return prod
-
-    @cute.jit
-    def wg1_next_qk(self, t1, n0, n1, pipe_g0, pipe_g1, stop, wg_tidx, full, acc_s, tSrQ, tSrK):
-        """WG1's end of an iteration with a t1: the next pair's QK(t1'), retired in ``acc_s``, if there is one."""
-        C = self.split_cluster
-        if t1 + 2 * C < stop:
-            m0s = n0.clone()
-            m1s = n1.clone()
-            m0s.advance()
-            m1s.advance()
-            self.mark(22, wg_tidx, full)
-            # QK(t1'): the group loaded first. The producer loads in release order (``produce_pairs``): G1,
-            # freed by this warpgroup's P.V of t1, before G0, freed by WG0's P.V of t1. Without it both go
-            # out at about the same time (WG1 refills its G1s after both its P.Vs).
-            first, second = (G1_COLS, pipe_g1, m1s), (G0_COLS, pipe_g0, m0s)
-            if const_expr(not self.with_producer):
-                first, second = second, first
-            self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, first[0], second[0], first[1], first[2],
-                                     second[1], second[2], 43, wg_tidx, full)
-            self.mark(23, wg_tidx, full)
-            warpgroup.wait_group(0)
-            self.mark(24, wg_tidx, full)
-            self.loader.consumer_release(pipe_g0, m0s)  # G0 of t1': QK was WG1's only read of it
-
-    @cute.jit
-    def wg1_refills(self, t0, t1, stop, pipe_g1, prod, r, seqlen, kv_head, wg_tidx, is_producer, tma_k, mK, sK,
-                    mBlockTable, page_a, page_b):
-        """Without the producer warpgroup: WG1's refills of G1 for the next pair, once both its P.Vs retired."""
-        C = self.split_cluster
-        if const_expr(not self.with_producer):
-            if is_producer:  # in tile order (the loads' pipeline state): t0's refill, then t1's
-                if t0 + 2 * C < stop:
-                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t0 + 2 * C, seqlen, kv_head,
-                                    wg_tidx, page=page_a, cols=G1_COLS)
-                    prod.advance()
-                if t1 + 2 * C < stop:
-                    self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t1 + 2 * C, seqlen,
-                                    kv_head, wg_tidx, page=page_b, cols=G1_COLS)
-                    prod.advance()
-        return prod
-
-    @cute.jit
-    def wg1_pair_p0_first(self, t0, t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r, kv_head,
-                          wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, tile_max, acc_s, acc_o,
-                          acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK, sK,
-                          mBlockTable, scale_log2, page_a, page_b, full):
-        """WG1's iteration with a t1 in the P0-first order (``wg1_p0_first``); O_R is at m0 (``row_scale``
-        from the running max to m0, not yet applied) and S1's masked row maxima are in ``tile_max``.
-        O_R += P0.V_R(t0) (SS, P0 at m0, as WG0 stored it) goes out first, so the tensor pipe has it while this
-        warpgroup runs its softmax of t1 from m0; then m1 to WG0 (M1), O_R from m0 to m1 once that P.V
-        retired, O_R += P1.V_R(t1) (RS) and P1 to smem for WG0 (P1). Ends with QK(t1') retired in ``acc_s``."""
-        stage_a = a0.index
-        stage_b = b0.index
-        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)  # O_R to m0 (no wgmma in flight)
-        cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
-        self.mark(14, wg_tidx, full)
-        self.loader.consumer_wait(pipe_g1, a1)
-        valid0 = seqlen - t0 * BLOCK_N
-        if valid0 < BLOCK_N:
-            self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
-        self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
-        warpgroup.commit_group()
-        self.mark(15, wg_tidx, full)
-        if const_expr(self.wg1_max_ahead):
-            softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), tile_max, row_max, row_sum, row_scale,
-                                             scale_log2, self.lazy_rescale)
-        else:
-            self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
-        self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
-        self.mark(16, wg_tidx, full)
-        rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
-        rP.store(acc_s.load().to(self.dtype))
-        self.clear_s(acc_s)
-        warpgroup.wait_group(0)
-        self.mark(18, wg_tidx, full)
-        self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: P.V and P0 read
-        self.mark(26, wg_tidx, full)
-        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)  # O_R from m0 to m1
-        valid1 = seqlen - t1 * BLOCK_N
-        if valid1 < BLOCK_N:
-            self.zero_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1))
-        self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_b, True)
-        warpgroup.commit_group()
-        self.mark(20, wg_tidx, full)
-        self.store_p(rP, tPsP_own, wg_tidx)
-        cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(barrier_id=int(Bar.P1), number_of_threads=256)
-        self.mark(17, wg_tidx, full)
-        warpgroup.wait_group(0)
-        self.mark(21, wg_tidx, full)
-        self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: QK and P.V done
-        self.mark(27, wg_tidx, full)
-        prod = self.wg1_refills(t0, t1, stop, pipe_g1, prod, r, seqlen, kv_head, wg_tidx, is_producer, tma_k, mK,
-                                sK, mBlockTable, page_a, page_b)
-        self.wg1_next_qk(t1, n0, n1, pipe_g0, pipe_g1, stop, wg_tidx, full, acc_s, tSrQ, tSrK)
         return prod
 
     @cute.jit
@@ -947,13 +832,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)  # to m0
         valid0 = seqlen - t0 * BLOCK_N
-        if has_t1 and const_expr(self.wg1_p0_first):
-            prod = self.wg1_pair_p0_first(t0, t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
-                                          kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale,
-                                          tile_max, acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss,
-                                          tOrP_other, tPsP_own, tma_k, mK, sK, mBlockTable, scale_log2, page_a,
-                                          page_b, full)
-        elif has_t1:
+        if has_t1:
             to_m0 = cute.make_rmem_tensor_like(row_scale)
             to_m0.store(row_scale.load())
             if const_expr(self.wg1_max_ahead):
@@ -1000,9 +879,34 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.mark(18, wg_tidx, full)
             self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: P.V and P0 read
             self.mark(26, wg_tidx, full)
-            prod = self.wg1_refills(t0, t1, stop, pipe_g1, prod, r, seqlen, kv_head, wg_tidx, is_producer, tma_k, mK,
-                                    sK, mBlockTable, page_a, page_b)
-            self.wg1_next_qk(t1, n0, n1, pipe_g0, pipe_g1, stop, wg_tidx, full, acc_s, tSrQ, tSrK)
+            if const_expr(not self.with_producer):
+                if is_producer:  # in tile order (the loads' pipeline state): t0's refill, then t1's
+                    if t0 + 2 * C < stop:
+                        self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t0 + 2 * C, seqlen, kv_head,
+                                        wg_tidx, page=page_a, cols=G1_COLS)
+                        prod.advance()
+                    if t1 + 2 * C < stop:
+                        self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t1 + 2 * C, seqlen,
+                                        kv_head, wg_tidx, page=page_b, cols=G1_COLS)
+                        prod.advance()
+            if t1 + 2 * C < stop:
+                m0s = n0.clone()
+                m1s = n1.clone()
+                m0s.advance()
+                m1s.advance()
+                self.mark(22, wg_tidx, full)
+                # QK(t1'): the group loaded first. The producer loads in release order (``produce_pairs``): G1,
+                # freed by this warpgroup's P.V of t1, before G0, freed by WG0's P.V of t1. Without it both go
+                # out at about the same time (WG1 refills its G1s after both its P.Vs).
+                first, second = (G1_COLS, pipe_g1, m1s), (G0_COLS, pipe_g0, m0s)
+                if const_expr(not self.with_producer):
+                    first, second = second, first
+                self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, first[0], second[0], first[1], first[2],
+                                         second[1], second[2], 43, wg_tidx, full)
+                self.mark(23, wg_tidx, full)
+                warpgroup.wait_group(0)
+                self.mark(24, wg_tidx, full)
+                self.loader.consumer_release(pipe_g0, m0s)  # G0 of t1': QK was WG1's only read of it
         else:
             self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))  # m1 = m0: no t1
             softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
