@@ -426,8 +426,8 @@ class TmaPagedKV(PagedKVLoader):
         in_page = (self.box_token(blk, producer_tidx) % P) // self.box_rows
         if const_expr(self.wide_groups is not None):
             for gi in cutlass.range_constexpr(len(self.wide_groups)):
-                tKsK, tKgK = self._wide_views(tma_k, mK, sK, in_page, kv_head, page, 0, self.wide_groups[gi])
-                cute.prefetch(tma_k[gi], tKgK)
+                atom, _, tKgK = self._wide_views(tma_k, mK, sK, in_page, kv_head, page, 0, self.wide_groups[gi])
+                cute.prefetch(atom, tKgK)
         else:
             tKsK, tKgK = self.tma_views(tma_k, mK, sK)
             if const_expr(self.by_columns):
@@ -438,7 +438,8 @@ class TmaPagedKV(PagedKVLoader):
 
     @cute.jit
     def _wide_views(self, tma_k, mK: cute.Tensor, sK: cute.Tensor, in_page, kv_head, page, stage, cols):
-        """``(tKsK, tKgK)`` of one wide copy: column blocks ``cols`` of row block ``in_page`` of ``page`` and of
+        """``(atom, tKsK, tKgK)`` of one wide copy: its TMA atom (of ``tma_k``, one per group) and the views of
+        column blocks ``cols`` of row block ``in_page`` of ``page`` and of
         ``stage`` (``mK``: the wide atoms' TMA view, dim as (64 columns, column block))."""
         b0 = cols[0]
         n_blocks = len(cols)
@@ -448,16 +449,18 @@ class TmaPagedKV(PagedKVLoader):
                                cute.composition(sK.layout, cute.make_layout(
                                    (self.box_rows, (COL_BLOCK, n_blocks)),
                                    stride=(1, (TILE_TOKENS, TILE_TOKENS * COL_BLOCK)))))
-        return cpasync.tma_partition(tma_k[self.wide_groups.index(tuple(cols))], 0, cute.make_layout(1),
-                                     cute.group_modes(sKg, 0, 2), cute.group_modes(gK, 0, 2))
+        atom = tma_k[self.wide_groups.index(tuple(cols))]
+        tKsK, tKgK = cpasync.tma_partition(atom, 0, cute.make_layout(1), cute.group_modes(sKg, 0, 2),
+                                           cute.group_modes(gK, 0, 2))
+        return atom, tKsK, tKgK
 
     @cute.jit
     def _copy_wide(self, tma_k, mK, sK, in_page, kv_head, page, stage, bar, cols):
         """The one TMA copy of column group ``cols`` (None: the whole tile, the only group) of a box."""
         if const_expr(cols is None):
             cols = self.wide_groups[0]
-        tKsK, tKgK = self._wide_views(tma_k, mK, sK, in_page, kv_head, page, stage, cols)
-        cute.copy(tma_k[self.wide_groups.index(tuple(cols))], tKgK, tKsK, tma_bar_ptr=bar, **self._policy())
+        atom, tKsK, tKgK = self._wide_views(tma_k, mK, sK, in_page, kv_head, page, stage, cols)
+        cute.copy(atom, tKgK, tKsK, tma_bar_ptr=bar, **self._policy())
 
     def _policy(self) -> dict:
         """A K copy's cache-policy keyword (``l2_hint``; none without a hint), built while tracing."""
