@@ -180,11 +180,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # 16384, 0.971-0.973 at b128 s1 h128 4096, 0.98-0.99 on short requests; bit-identical. (In 2wg, one P store per
     # tile off WG0's path, it measured even in the twentieth session.) A class constant (an A/B sets it).
     p_stmatrix = True
-    # Where each warpgroup stores its P tile for the other: after the RS P.V that reads the same registers is
-    # issued (False: the store runs beside that P.V) or before it (True, FlashMLA's order for WG1). Experiment
-    # (entry_ab modes ``seesaw-p1-store-first`` / ``seesaw-p-store-first``), not yet measured.
-    p1_store_first = False
-    p0_store_first = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -762,17 +757,14 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.clear_s(acc_s)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         valid0 = seqlen - t0 * BLOCK_N
-        if const_expr(self.p0_store_first):
-            self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
         if valid0 < BLOCK_N:
             self.zero_v_rows(sK, stage_a, valid0, 0, HALF, wg_tidx, int(Bar.WG0))
         self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_a, True)
         warpgroup.commit_group()
         self.mark(3, wg_tidx, full)
-        if const_expr(not self.p0_store_first):
-            # P0 into t0's RoPE block for WG1 while the P.V runs (it only reads rP), relative to m0: with lazy
-            # rescaling m1 is nearly always m0, and where it is not the tile is written again below.
-            self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
+        # P0 into t0's RoPE block for WG1 while the P.V runs (it only reads rP), relative to m0: with lazy
+        # rescaling m1 is nearly always m0, and where it is not the tile is written again below.
+        self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
         if const_expr(self.early_p_fence):
             cute.arch.fence_view_async_shared()
         warpgroup.wait_group(0)
@@ -857,19 +849,14 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.clear_s(acc_s)
             softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
             valid1 = seqlen - t1 * BLOCK_N
-            if const_expr(self.p1_store_first):
-                # P1 to smem for WG0 before the P.V that reads rP is issued. sP is free: WG0's P.V that read
-                # the previous P1 retired before WG0 arrived on this iteration's M0.
-                self.store_p(rP, tPsP_own, wg_tidx)
             if valid1 < BLOCK_N:
                 self.zero_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1))
             self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_b, True)
             warpgroup.commit_group()
             self.mark(20, wg_tidx, full)
-            if const_expr(not self.p1_store_first):
-                # P1 to smem for WG0 while that P.V runs (it reads rP only). sP is free: WG0's P.V that read
-                # the previous P1 retired before WG0 arrived on this iteration's M0.
-                self.store_p(rP, tPsP_own, wg_tidx)
+            # P1 to smem for WG0 while that P.V runs (it reads rP only). sP is free: WG0's P.V that read the
+            # previous P1 retired before WG0 arrived on this iteration's M0.
+            self.store_p(rP, tPsP_own, wg_tidx)
             if const_expr(not self.early_p_fence):
                 cute.arch.fence_view_async_shared()
             self.mark(17, wg_tidx, full)

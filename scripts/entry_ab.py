@@ -100,9 +100,6 @@ MODES = {
     "seesaw-fma4": ("seesaw", dict(exp2_fma_every=4), False),
     "seesaw-fma3": ("seesaw", dict(exp2_fma_every=3), False),
     "seesaw-fma2": ("seesaw", dict(exp2_fma_every=2), False),
-    # P tiles stored before the RS P.V that reads their registers is issued: WG1's, both warpgroups'
-    "seesaw-p1-store-first": ("seesaw", dict(p1_store_first=True), True),
-    "seesaw-p-store-first": ("seesaw", dict(p1_store_first=True, p0_store_first=True), True),
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 

@@ -73,8 +73,7 @@ FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-con
                                                                    "seesaw-no-l2", "seesaw-max-after",
                                                                    "seesaw-producer-spin", "seesaw-keep-p",
                                                                    "seesaw-late-fence", "seesaw-narrow-boxes", "seesaw-sts",
-                                                                   "seesaw-fma4", "seesaw-fma3",
-                                                                   "seesaw-p1-store-first", "seesaw-p-store-first")}}
+                                                                   "seesaw-fma4", "seesaw-fma3")}}
 MAX_CTAS = 1024
 
 
