@@ -58,9 +58,6 @@ class MLADecodeBase:
     # value (max is exact). Measured on an H200 (paired A/B, docs/perf-notes.md, twentieth session): 0.98-1.00.
     # A class constant like lazy_rescale (an A/B sets it False on a subclass).
     softmax_tree = True
-    # Every n-th exponential of a score tile on the FMA pipe (``softmax.exp2_fma``) instead of the SFU; 0: none.
-    # A class constant like lazy_rescale (an A/B sets it on a subclass).
-    exp2_fma_every = 0
     # 16-byte stores of O into 16-bit destinations (store_rows_16). A class constant like lazy_rescale
     # (False: one store per fragment pair, the form before; kept for the A/B).
     vector_stores = True
@@ -598,7 +595,7 @@ class MLADecodeBase:
         becomes unnormalised P (fp32), ``row_scale`` the factor for O."""
         self.mask_tile(acc_s, blk, seqlen, row_limit, tScS)
         softmax.online_softmax_step(layouts.acc_mn_view(acc_s), row_max, row_sum, row_scale, scale_log2,
-                                    lazy=self.lazy_rescale, tree=self.softmax_tree, fma_every=self.exp2_fma_every)
+                                    lazy=self.lazy_rescale, tree=self.softmax_tree)
 
     @cute.jit
     def tma_load_q(self, tma_q, mQ, sQ, pipe_q, q_state, m_block: Int32, kv_head: Int32, r: Int32):

@@ -11,7 +11,6 @@ import math
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, const_expr
-from cutlass._mlir.dialects import llvm
 
 LN2 = math.log(2.0)
 LAZY_RESCALE_LOG2 = 8.0
@@ -23,42 +22,10 @@ max, so the result is the same softmax. After the first tiles of a request the m
 that much, so O is almost never rescaled."""
 
 
-# 2^f for f in [-0.5, 0.5] as a cubic, c0 + f (c1 + f (c2 + f c3)) (minimax in relative error: at most 7.5e-5
-# in fp32 Horner form, far below a 16-bit P's rounding, 2^-9), as fp32 bit patterns for the PTX of ``exp2_fma``.
-EXP2_CUBIC = (0x3F7FFB4A, 0x3F31798D, 0x3E786EE6, 0x3D61FB53)
-
-
-def exp2_fma(x: Float32) -> Float32:
-    """2^x on the FMA and integer pipes instead of the SFU (``MUFU.EX2``): 9 instructions. x = j + f with j
-    the nearest integer (adding 1.5 * 2^23 leaves j in the sum's low mantissa bits) and f in [-0.5, 0.5];
-    2^f by ``EXP2_CUBIC``; j << 23 added into the exponent bits by one integer multiply-add. x is clamped at
-    -200 and a result whose exponent would go below zero becomes +0 (the signed max), so -inf (a masked
-    key) gives exactly 0 as the SFU's ``ex2.approx.ftz`` does; x up to 127 stays in range (lazy rescaling
-    lets x reach about 8). Why: the SFU gives 16 exponentials per clock and SM, and in the seesaw both
-    warpgroups' softmaxes (32 per thread each) are on the pair's critical path with the tensor pipe
-    mostly idle; a share computed here runs beside the rest on the SFU (``settle_max``'s ``fma_every``)."""
-    c0, c1, c2, c3 = (f"0f{c:08X}" for c in EXP2_CUBIC)
-    return Float32(llvm.inline_asm(
-        Float32.mlir_type, [Float32(x).ir_value()],
-        "{\n.reg .f32 xc, t, j, f, p;\n.reg .b32 tb, pb;\n"
-        "max.ftz.f32 xc, $1, 0fC3480000;\n"            # -200
-        "add.rn.ftz.f32 t, xc, 0f4B400000;\n"          # + 1.5 * 2^23: j in t's low mantissa bits
-        "sub.rn.ftz.f32 j, t, 0f4B400000;\n"
-        "sub.rn.ftz.f32 f, xc, j;\n"
-        f"fma.rn.ftz.f32 p, f, {c3}, {c2};\n"
-        f"fma.rn.ftz.f32 p, p, f, {c1};\n"
-        f"fma.rn.ftz.f32 p, p, f, {c0};\n"
-        "mov.b32 tb, t;\nmov.b32 pb, p;\n"
-        "mad.lo.s32 pb, tb, 8388608, pb;\n"           # + (j << 23): t's high bits shift out
-        "max.s32 pb, pb, 0;\n"                          # exponent underflow -> +0
-        "mov.b32 $0, pb;\n}",
-        "=f,f", has_side_effects=False))
-
-
 @cute.jit
 def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.Tensor,
                         row_scale: cute.Tensor, scale_log2: Float32, lazy: cutlass.Constexpr[bool] = False,
-                        tree: cutlass.Constexpr[bool] = False, fma_every: cutlass.Constexpr[int] = 0):
+                        tree: cutlass.Constexpr[bool] = False):
     """Turn scores ``s_mn`` (rows x cols view, in place) into unnormalised probabilities.
 
     Updates the running ``row_max`` (raw score units) and the thread-partial ``row_sum``, and writes
@@ -69,13 +36,12 @@ def online_softmax_step(s_mn: cute.Tensor, row_max: cute.Tensor, row_sum: cute.T
     (then ``row_scale`` is exactly 1; see ``rescale_rows_if_needed``).
     ``tree``: the thread's row max as a pairwise tree (log2 depth) instead of one chain (same value:
     max is exact).
-    ``fma_every``: see ``settle_max``.
     """
     for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
         m_prev = row_max[i]
         m_new = cute.arch.warp_reduction_max(_thread_row_max(s_mn, i, tree, m_prev), threads_in_group=4)
         row_max[i], row_scale[i], row_sum[i] = settle_max(s_mn[i, None], m_prev, m_new, row_sum[i], scale_log2,
-                                                          lazy, fma_every)
+                                                          lazy)
 
 
 @cute.jit
@@ -90,13 +56,13 @@ def tile_row_max(s_mn: cute.Tensor, out: cute.Tensor, tree: cutlass.Constexpr[bo
 @cute.jit
 def online_softmax_step_from(s_mn: cute.Tensor, tile_max: cute.Tensor, row_max: cute.Tensor,
                              row_sum: cute.Tensor, row_scale: cute.Tensor, scale_log2: Float32,
-                             lazy: cutlass.Constexpr[bool] = False, fma_every: cutlass.Constexpr[int] = 0):
+                             lazy: cutlass.Constexpr[bool] = False):
     """``online_softmax_step`` with the rows' maxima over ``s_mn`` already taken (``tile_row_max``)."""
     for i in cutlass.range_constexpr(cute.size(s_mn, mode=[0])):
         m_prev = row_max[i]
         m_new = cute.arch.fmax(m_prev, tile_max[i])
         row_max[i], row_scale[i], row_sum[i] = settle_max(s_mn[i, None], m_prev, m_new, row_sum[i], scale_log2,
-                                                          lazy, fma_every)
+                                                          lazy)
 
 
 def _thread_row_max(s_mn: cute.Tensor, i: int, tree: bool, init=None):
@@ -122,14 +88,13 @@ def _tree_max(vals: list):
 
 @cute.jit
 def settle_max(scores: cute.Tensor, m_prev: Float32, m_new: Float32, sum_prev: Float32, scale_log2: Float32,
-               lazy: cutlass.Constexpr[bool], fma_every: cutlass.Constexpr[int] = 0):
+               lazy: cutlass.Constexpr[bool]):
     """One row's online softmax step once its new max is known (``m_new``: the max over the previous
     max and every holder of the row's scores): ``scores`` (this thread's share of the row, in place)
     become unnormalised probabilities. Returns ``(max kept, factor for the earlier output, the
     thread-partial sum)``; with ``lazy`` the previous max is kept unless ``m_new`` exceeds it by more
     than ``LAZY_RESCALE_LOG2``. A row with max -inf so far gets probabilities 0 and factor 1 (taken
-    against a max of 0, to avoid inf - inf). ``fma_every`` = n > 0: every n-th score of the thread's share
-    (the last of each n) takes ``exp2_fma`` instead of the SFU's exponential."""
+    against a max of 0, to avoid inf - inf)."""
     if const_expr(lazy):
         # (-inf - -inf is NaN: the comparison is false and the max stays -inf, as it should.)
         if (m_new - m_prev) * scale_log2 <= Float32(LAZY_RESCALE_LOG2):
@@ -141,12 +106,7 @@ def settle_max(scores: cute.Tensor, m_prev: Float32, m_new: Float32, sum_prev: F
     factor = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
     acc = Float32(0.0)
     for j in cutlass.range_constexpr(cute.size(scores)):
-        x = scores[j] * scale_log2 - m_scaled
-        p = Float32(0.0)
-        if const_expr(fma_every > 0 and j % fma_every == fma_every - 1):
-            p = exp2_fma(x)
-        else:
-            p = cute.math.exp2(x, fastmath=True)
+        p = cute.math.exp2(scores[j] * scale_log2 - m_scaled, fastmath=True)
         scores[j] = p
         acc += p
     return m_new, factor, sum_prev * factor + acc

@@ -837,7 +837,7 @@ class MLADecodeSeesaw(MLADecodeBase):
             to_m0.store(row_scale.load())
             if const_expr(self.wg1_max_ahead):
                 softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), tile_max, row_max, row_sum, row_scale,
-                                                 scale_log2, self.lazy_rescale, self.exp2_fma_every)
+                                                 scale_log2, self.lazy_rescale)
             else:
                 self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
             self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))

@@ -96,10 +96,6 @@ MODES = {
     "2wg-no-mc": ("2wg", dict(_config=dict(cluster=1)), True),  # no multicast cluster (as MLA_MULTICAST=0)
     "2wg-no-mc-wide": ("2wg", dict(_config=dict(cluster=1), kv_wide_boxes=True), True),  # and one copy per group
     "seesaw-sts": ("seesaw", dict(p_stmatrix=False), True),  # P tiles stored with 4-byte stores (before)
-    # every n-th exponential of a score tile on the FMA pipe (``softmax.exp2_fma``): not bit-identical
-    "seesaw-fma4": ("seesaw", dict(exp2_fma_every=4), False),
-    "seesaw-fma3": ("seesaw", dict(exp2_fma_every=3), False),
-    "seesaw-fma2": ("seesaw", dict(exp2_fma_every=2), False),
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 

@@ -72,8 +72,7 @@ ROW = PERIOD + 6
 FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-consumer-loads", "seesaw-spin",
                                                                    "seesaw-no-l2", "seesaw-max-after",
                                                                    "seesaw-producer-spin", "seesaw-keep-p",
-                                                                   "seesaw-late-fence", "seesaw-narrow-boxes", "seesaw-sts",
-                                                                   "seesaw-fma4", "seesaw-fma3")}}
+                                                                   "seesaw-late-fence", "seesaw-narrow-boxes", "seesaw-sts")}}
 MAX_CTAS = 1024
 
 
