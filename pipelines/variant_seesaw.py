@@ -180,6 +180,13 @@ class MLADecodeSeesaw(MLADecodeBase):
     # 16384, 0.971-0.973 at b128 s1 h128 4096, 0.98-0.99 on short requests; bit-identical. (In 2wg, one P store per
     # tile off WG0's path, it measured even in the twentieth session.) A class constant (an A/B sets it).
     p_stmatrix = True
+    # The P.V of a group the other warpgroup's QK waited for (WG1's PV_R(t0) on G1 of t0, WG0's PV_L(t1) on G0
+    # of t1) goes out without its own full-barrier wait: the other warpgroup passed that wait before the
+    # named barrier this one just passed (P0, P1), which orders the landed bytes before this P.V as FlashMLA's
+    # kernel relies on. Why: ncu put about as many samples on WG1's already-complete try_wait as on its P0
+    # wait, between P0 and PV_R(t0) on the pair's path. A partial tile keeps the wait (its zeroing writes
+    # into the group). Experiment (entry_ab mode ``seesaw-skip-waits``), not yet measured.
+    skip_covered_k_waits = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -683,10 +690,15 @@ class MLADecodeSeesaw(MLADecodeBase):
         C = self.split_cluster
         full = t1 + 2 * C < stop
         stage_b = b0.index
-        self.loader.consumer_wait(pipe_g0, b0)
         valid1 = seqlen - t1 * BLOCK_N
-        if valid1 < BLOCK_N:
-            self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
+        if const_expr(self.skip_covered_k_waits):
+            if valid1 < BLOCK_N:  # (the zeroing writes into the group: wait for it here too)
+                self.loader.consumer_wait(pipe_g0, b0)
+                self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
+        else:
+            self.loader.consumer_wait(pipe_g0, b0)
+            if valid1 < BLOCK_N:
+                self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
         # O_L += P1.V_L(t1) (SS, P1 from smem); the next pair's QK goes right behind it. Each branch
         # issues and retires its own wgmma groups (a group in flight across a branch makes ptxas
         # serialize every wgmma).
@@ -862,9 +874,14 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.mark(17, wg_tidx, full)
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
             self.mark(14, wg_tidx, full)
-            self.loader.consumer_wait(pipe_g1, a1)
-            if valid0 < BLOCK_N:
-                self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
+            if const_expr(self.skip_covered_k_waits):
+                if valid0 < BLOCK_N:  # (the zeroing writes into the group: wait for it here too)
+                    self.loader.consumer_wait(pipe_g1, a1)
+                    self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
+            else:
+                self.loader.consumer_wait(pipe_g1, a1)
+                if valid0 < BLOCK_N:
+                    self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
             self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
             warpgroup.commit_group()
             if const_expr(self.early_p_fence):

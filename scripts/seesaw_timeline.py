@@ -72,7 +72,8 @@ ROW = PERIOD + 6
 FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-consumer-loads", "seesaw-spin",
                                                                    "seesaw-no-l2", "seesaw-max-after",
                                                                    "seesaw-producer-spin", "seesaw-keep-p",
-                                                                   "seesaw-late-fence", "seesaw-narrow-boxes", "seesaw-sts")}}
+                                                                   "seesaw-late-fence", "seesaw-narrow-boxes", "seesaw-sts",
+                                                                   "seesaw-skip-waits")}}
 MAX_CTAS = 1024
 
 
