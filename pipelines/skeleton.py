@@ -590,10 +590,13 @@ class MLADecodeBase:
                         s_mn[i, j] = -Float32.inf
 
     @cute.jit
-    def softmax_tile(self, acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2):
-        """Mask the keys past each row's limit (``mask_tile``), then the online softmax step in place: S
-        becomes unnormalised P (fp32), ``row_scale`` the factor for O."""
-        self.mask_tile(acc_s, blk, seqlen, row_limit, tScS)
+    def softmax_tile(self, acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2,
+                     mask: cutlass.Constexpr[bool] = True):
+        """Mask the keys past each row's limit (``mask_tile``; ``mask`` False: the caller knows the tile needs
+        none), then the online softmax step in place: S becomes unnormalised P (fp32), ``row_scale`` the
+        factor for O."""
+        if const_expr(mask):
+            self.mask_tile(acc_s, blk, seqlen, row_limit, tScS)
         softmax.online_softmax_step(layouts.acc_mn_view(acc_s), row_max, row_sum, row_scale, scale_log2,
                                     lazy=self.lazy_rescale, tree=self.softmax_tree)
 

@@ -187,6 +187,12 @@ class MLADecodeSeesaw(MLADecodeBase):
     # wait, between P0 and PV_R(t0) on the pair's path. A partial tile keeps the wait (its zeroing writes
     # into the group). Experiment (entry_ab mode ``seesaw-skip-waits``), not yet measured.
     skip_covered_k_waits = False
+    # A chunk's pairs in two loops (``role``): the steady ones first, compiled without the per-tile checks
+    # (mask, zeroed V rows, a missing t1 or next pair), then the rest with them. Why: ncu put the SM's
+    # instruction-fetch stalls (no_inst) of the scoring loops at the joins after those skipped branches, on
+    # the softmax and P hand-off paths; FlashMLA compiles its last pairs as separate code the same way.
+    # Experiment (entry_ab mode ``seesaw-steady``), not yet measured.
+    steady_loop = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -359,39 +365,52 @@ class MLADecodeSeesaw(MLADecodeBase):
                     self.loader.consumer_release(pipe_g0, t1_g0)  # G0 of t1: QK was WG1's only read of it
             self.mark(32 + me, wg_tidx, True)
 
-            for t0 in cutlass.range(start, stop, 2 * C, unroll=1):
-                t1 = t0 + C
-                has_t1 = t1 < stop
-                if t0 + 2 * C >= stop:
-                    self.mark(38 + me, wg_tidx, True)  # the chunk's last iteration
-                a0 = g0.clone()  # group states of t0, t1 and the next pair's t0' / t1'
-                a1 = g1.clone()
-                b0 = a0.clone()
-                b1 = a1.clone()
-                b0.advance()
-                b1.advance()
-                n0 = b0.clone()
-                n1 = b1.clone()
-                n0.advance()
-                n1.advance()
-                if const_expr(me == 0):
-                    prod = self.wg0_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
-                                              seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
-                                              row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn, s_m,
-                                              tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
-                                              sK, mBlockTable, scale_log2)
-                else:
-                    prod = self.wg1_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
-                                              seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
-                                              row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn, s_m,
-                                              tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
-                                              sK, mBlockTable, scale_log2)
-                self.mark(40 + me, wg_tidx, t1 + 2 * C < stop)  # (a full iteration returned)
-                g0.advance()
-                g1.advance()
-                if has_t1:
+            # With ``steady_loop`` the chunk's pairs run in two loops: first the steady ones (a t1, a next pair,
+            # no tile needing a mask or zeroed V rows), traced with those checks left out, then the rest.
+            steady_stop = start
+            if const_expr(self.steady_loop):
+                steady_stop = self.steady_stop(start, stop, seqlen)
+            for part in cutlass.range_constexpr(2 if self.steady_loop else 1):
+                steady = self.steady_loop and part == 0
+                lo = start
+                hi = stop
+                if const_expr(self.steady_loop):
+                    lo = start if part == 0 else steady_stop
+                    hi = steady_stop if part == 0 else stop
+                for t0 in cutlass.range(lo, hi, 2 * C, unroll=1):
+                    t1 = t0 + C
+                    has_t1 = cutlass.Boolean(True) if steady else t1 < stop
+                    if const_expr(not steady):
+                        if t0 + 2 * C >= stop:
+                            self.mark(38 + me, wg_tidx, True)  # the chunk's last iteration
+                    a0 = g0.clone()  # group states of t0, t1 and the next pair's t0' / t1'
+                    a1 = g1.clone()
+                    b0 = a0.clone()
+                    b1 = a1.clone()
+                    b0.advance()
+                    b1.advance()
+                    n0 = b0.clone()
+                    n1 = b1.clone()
+                    n0.advance()
+                    n1.advance()
+                    if const_expr(me == 0):
+                        prod = self.wg0_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
+                                                  seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
+                                                  row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn,
+                                                  s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k,
+                                                  mK, sK, mBlockTable, scale_log2, steady)
+                    else:
+                        prod = self.wg1_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
+                                                  seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
+                                                  row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn,
+                                                  s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k,
+                                                  mK, sK, mBlockTable, scale_log2, steady)
+                    self.mark(40 + me, wg_tidx, t1 + 2 * C < stop)  # (a full iteration returned)
                     g0.advance()
                     g1.advance()
+                    if has_t1:
+                        g0.advance()
+                        g1.advance()
             pipe_q.consumer_release(q_state)
             q_state.advance()
             self.mark(34 + me, wg_tidx, True)
@@ -399,6 +418,19 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.finish_chunk(me, wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, row_max, row_sum, tScS,
                               s_sum, s_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage)
             self.mark(36 + me, wg_tidx, True)
+
+    @cute.jit
+    def steady_stop(self, start, stop, seqlen):
+        """The first pair start from which ``role``'s second loop takes over: pair t0 (step 2C) is steady when
+        it has a next pair (t0 + 2C < stop) and its t1 = t0 + C ends at or below every row's key limit (tile
+        t1 + 1 <= (seqlen - (s_q - 1)) // BLOCK_N: no key masked and no V row past seqlen; t0 < t1 then too)."""
+        C = self.split_cluster
+        full_tiles = cutlass.max(seqlen - (self.s_q - 1), 0) // BLOCK_N
+        last = cutlass.min(full_tiles - C - 1, stop - 2 * C - 1)  # the last steady t0, if >= start
+        out = start
+        if last >= start:
+            out = start + ((last - start) // (2 * C) + 1) * (2 * C)
+        return out
 
     @cute.jit
     def produce(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split, tma_q, mQ,
@@ -683,7 +715,8 @@ class MLADecodeSeesaw(MLADecodeBase):
 
     @cute.jit
     def wg0_tail(self, t0, t1, b0, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r, kv_head, wg_tidx, is_producer,
-                 acc_s, acc_o, tSrQ, tSrK, tOrV_ss, tOrP_other, tma_k, mK, sK, mBlockTable, page_b):
+                 acc_s, acc_o, tSrQ, tSrK, tOrV_ss, tOrP_other, tma_k, mK, sK, mBlockTable, page_b,
+                 steady: cutlass.Constexpr[bool] = False):
         """WG0's end of an iteration with a t1 (P1 in smem, O_L at m1): O_L += P1.V_L(t1) (SS), then the next
         pair's QK(t0') right behind it in the tensor pipe (retired in ``acc_s``), releasing G0 of t1 once
         that P.V retired."""
@@ -692,17 +725,20 @@ class MLADecodeSeesaw(MLADecodeBase):
         stage_b = b0.index
         valid1 = seqlen - t1 * BLOCK_N
         if const_expr(self.skip_covered_k_waits):
-            if valid1 < BLOCK_N:  # (the zeroing writes into the group: wait for it here too)
-                self.loader.consumer_wait(pipe_g0, b0)
-                self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
+            if const_expr(not steady):
+                if valid1 < BLOCK_N:  # (the zeroing writes into the group: wait for it here too)
+                    self.loader.consumer_wait(pipe_g0, b0)
+                    self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
         else:
             self.loader.consumer_wait(pipe_g0, b0)
-            if valid1 < BLOCK_N:
-                self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
+            if const_expr(not steady):
+                if valid1 < BLOCK_N:
+                    self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
         # O_L += P1.V_L(t1) (SS, P1 from smem); the next pair's QK goes right behind it. Each branch
         # issues and retires its own wgmma groups (a group in flight across a branch makes ptxas
         # serialize every wgmma).
-        if t0 + 2 * C < stop:
+        has_next = cutlass.Boolean(True) if steady else t0 + 2 * C < stop
+        if has_next:
             self.mark(7, wg_tidx, full)
             self.pv(False, acc_o, tOrP_other, tOrV_ss, stage_b, True)
             warpgroup.commit_group()
@@ -751,7 +787,7 @@ class MLADecodeSeesaw(MLADecodeBase):
     def wg0_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
                       kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
                       acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
-                      sK, mBlockTable, scale_log2):
+                      sK, mBlockTable, scale_log2, steady: cutlass.Constexpr[bool] = False):
         """WG0's half of one iteration; S0 = QK(t0) is in ``acc_s`` (retired). m0 goes to WG1 right after the
         softmax, before any P.V, so that WG1's softmax of t1 runs beside this warpgroup's P.V of t0; P0 crosses
         over only after m1 came back, rescaled to m1."""
@@ -761,7 +797,8 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.mark(0, wg_tidx, full)
         page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
         self.prefetch_next_pair(is_producer, tma_k, mK, sK, t0 + 2 * C, stop, kv_head, page_a, wg_tidx)
-        self.softmax_tile(acc_s, t0, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+        self.softmax_tile(acc_s, t0, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2,
+                          mask=not steady)
         self.publish_max(s_m, 0, row_max, tScS, wg_tidx, int(Bar.M0))
         self.mark(1, wg_tidx, full)
         rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
@@ -769,8 +806,9 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.clear_s(acc_s)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         valid0 = seqlen - t0 * BLOCK_N
-        if valid0 < BLOCK_N:
-            self.zero_v_rows(sK, stage_a, valid0, 0, HALF, wg_tidx, int(Bar.WG0))
+        if const_expr(not steady):
+            if valid0 < BLOCK_N:
+                self.zero_v_rows(sK, stage_a, valid0, 0, HALF, wg_tidx, int(Bar.WG0))
         self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_a, True)
         warpgroup.commit_group()
         self.mark(3, wg_tidx, full)
@@ -815,14 +853,14 @@ class MLADecodeSeesaw(MLADecodeBase):
             cute.arch.barrier(barrier_id=int(Bar.P1), number_of_threads=256)
             prod = self.wg0_tail(t0, t1, b0, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r, kv_head, wg_tidx,
                                  is_producer, acc_s, acc_o, tSrQ, tSrK, tOrV_ss, tOrP_other, tma_k, mK, sK,
-                                 mBlockTable, page_b)
+                                 mBlockTable, page_b, steady)
         return prod
 
     @cute.jit
     def wg1_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
                       kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
                       acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
-                      sK, mBlockTable, scale_log2):
+                      sK, mBlockTable, scale_log2, steady: cutlass.Constexpr[bool] = False):
         """WG1's half of one iteration; S1 = QK(t1) is in ``acc_s`` (retired) when there is a t1. On m0 alone:
         the softmax of t1 (m1), m1 back to WG0, P1 to smem and O_R += P1.V_R(t1) (RS); then on P0 (relative to
         m1) O_R += P0.V_R(t0) (SS). Ends with QK(t1') of the next pair retired in ``acc_s``."""
@@ -836,8 +874,9 @@ class MLADecodeSeesaw(MLADecodeBase):
         tile_max = cute.make_rmem_tensor_like(row_max)
         if const_expr(self.wg1_max_ahead):
             # S1's row maxima while WG0 runs its softmax: after M0 only m1 = max(m0, them) and the exponentials.
-            if has_t1:
-                self.mask_tile(acc_s, t1, seqlen, row_limit, tScS)
+            if const_expr(not steady):
+                if has_t1:
+                    self.mask_tile(acc_s, t1, seqlen, row_limit, tScS)
                 softmax.tile_row_max(layouts.acc_mn_view(acc_s), tile_max, self.softmax_tree)
         self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
         self.mark(13, wg_tidx, full)
@@ -851,7 +890,8 @@ class MLADecodeSeesaw(MLADecodeBase):
                 softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), tile_max, row_max, row_sum, row_scale,
                                                  scale_log2, self.lazy_rescale)
             else:
-                self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+                self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2,
+                                  mask=not steady)
             self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
             self.mark(16, wg_tidx, full)
             for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
@@ -861,8 +901,9 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.clear_s(acc_s)
             softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
             valid1 = seqlen - t1 * BLOCK_N
-            if valid1 < BLOCK_N:
-                self.zero_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1))
+            if const_expr(not steady):
+                if valid1 < BLOCK_N:
+                    self.zero_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1))
             self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_b, True)
             warpgroup.commit_group()
             self.mark(20, wg_tidx, full)
@@ -875,13 +916,15 @@ class MLADecodeSeesaw(MLADecodeBase):
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
             self.mark(14, wg_tidx, full)
             if const_expr(self.skip_covered_k_waits):
-                if valid0 < BLOCK_N:  # (the zeroing writes into the group: wait for it here too)
-                    self.loader.consumer_wait(pipe_g1, a1)
-                    self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
+                if const_expr(not steady):
+                    if valid0 < BLOCK_N:  # (the zeroing writes into the group: wait for it here too)
+                        self.loader.consumer_wait(pipe_g1, a1)
+                        self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
             else:
                 self.loader.consumer_wait(pipe_g1, a1)
-                if valid0 < BLOCK_N:
-                    self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
+                if const_expr(not steady):
+                    if valid0 < BLOCK_N:
+                        self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
             self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
             warpgroup.commit_group()
             if const_expr(self.early_p_fence):
@@ -906,7 +949,8 @@ class MLADecodeSeesaw(MLADecodeBase):
                         self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t1 + 2 * C, seqlen,
                                         kv_head, wg_tidx, page=page_b, cols=G1_COLS)
                         prod.advance()
-            if t1 + 2 * C < stop:
+            has_next = cutlass.Boolean(True) if steady else t1 + 2 * C < stop
+            if has_next:
                 m0s = n0.clone()
                 m1s = n1.clone()
                 m0s.advance()
