@@ -180,18 +180,13 @@ class MLADecodeSeesaw(MLADecodeBase):
     # 16384, 0.971-0.973 at b128 s1 h128 4096, 0.98-0.99 on short requests; bit-identical. (In 2wg, one P store per
     # tile off WG0's path, it measured even in the twentieth session.) A class constant (an A/B sets it).
     p_stmatrix = True
-    # The P.V of a group the other warpgroup's QK waited for (WG1's PV_R(t0) on G1 of t0, WG0's PV_L(t1) on G0
-    # of t1) goes out without its own full-barrier wait: the other warpgroup passed that wait before the
-    # named barrier this one just passed (P0, P1), which orders the landed bytes before this P.V as FlashMLA's
-    # kernel relies on. Why: ncu put about as many samples on WG1's already-complete try_wait as on its P0
-    # wait, between P0 and PV_R(t0) on the pair's path. A partial tile keeps the wait (its zeroing writes
-    # into the group). Experiment (entry_ab mode ``seesaw-skip-waits``), not yet measured.
-    skip_covered_k_waits = False
     # A chunk's pairs in two loops (``role``): the steady ones first, compiled without the per-tile checks
-    # (mask, zeroed V rows, a missing t1 or next pair), then the rest with them. Why: ncu put the SM's
-    # instruction-fetch stalls (no_inst) of the scoring loops at the joins after those skipped branches, on
-    # the softmax and P hand-off paths; FlashMLA compiles its last pairs as separate code the same way.
-    # Experiment (entry_ab mode ``seesaw-steady``), not yet measured.
+    # (mask, zeroed V rows, a missing t1 or next pair), then the rest with them. Why: ncu put the scoring
+    # loops' instruction-fetch stalls (no_inst) at the joins after those skipped branches, on the softmax and
+    # P hand-off paths; FlashMLA compiles its last pairs as separate code the same way. Paired on an H100
+    # (entry_ab, docs/perf-notes.md, thirty-sixth session; bit-identical): 0.950 / 0.929 and 0.989 / 0.950 at
+    # b128 s1 h128 4096, 0.923 / 0.888 at b128 s2 h128 4096. Off until the seesaw GPU tests and the
+    # sanitizers have run on it (correct on five one_decode shapes so far, ragged and causal among them).
     steady_loop = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
@@ -365,8 +360,9 @@ class MLADecodeSeesaw(MLADecodeBase):
                     self.loader.consumer_release(pipe_g0, t1_g0)  # G0 of t1: QK was WG1's only read of it
             self.mark(32 + me, wg_tidx, True)
 
-            # With ``steady_loop`` the chunk's pairs run in two loops: first the steady ones (a t1, a next pair,
-            # no tile needing a mask or zeroed V rows), traced with those checks left out, then the rest.
+            # With ``steady_loop`` the chunk's pairs run in two loops: first the steady ones (``steady_stop``: a
+            # t1, a whole next pair, no tile needing a mask or zeroed V rows), traced with those checks left out,
+            # then the rest with them.
             steady_stop = start
             if const_expr(self.steady_loop):
                 steady_stop = self.steady_stop(start, stop, seqlen)
@@ -422,11 +418,12 @@ class MLADecodeSeesaw(MLADecodeBase):
     @cute.jit
     def steady_stop(self, start, stop, seqlen):
         """The first pair start from which ``role``'s second loop takes over: pair t0 (step 2C) is steady when
-        it has a next pair (t0 + 2C < stop) and its t1 = t0 + C ends at or below every row's key limit (tile
-        t1 + 1 <= (seqlen - (s_q - 1)) // BLOCK_N: no key masked and no V row past seqlen; t0 < t1 then too)."""
+        it and the next pair are whole (t1' = t0 + 3C < stop: WG0 issues QK(t0') and WG1 QK(t1') at its end)
+        and its t1 = t0 + C ends at or below every row's key limit (tile t1 + 1 <= (seqlen - (s_q - 1)) //
+        BLOCK_N: no key masked and no V row past seqlen; t0 < t1 then too)."""
         C = self.split_cluster
         full_tiles = cutlass.max(seqlen - (self.s_q - 1), 0) // BLOCK_N
-        last = cutlass.min(full_tiles - C - 1, stop - 2 * C - 1)  # the last steady t0, if >= start
+        last = cutlass.min(full_tiles - C - 1, stop - 3 * C - 1)  # the last steady t0, if >= start
         out = start
         if last >= start:
             out = start + ((last - start) // (2 * C) + 1) * (2 * C)
@@ -724,16 +721,10 @@ class MLADecodeSeesaw(MLADecodeBase):
         full = t1 + 2 * C < stop
         stage_b = b0.index
         valid1 = seqlen - t1 * BLOCK_N
-        if const_expr(self.skip_covered_k_waits):
-            if const_expr(not steady):
-                if valid1 < BLOCK_N:  # (the zeroing writes into the group: wait for it here too)
-                    self.loader.consumer_wait(pipe_g0, b0)
-                    self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
-        else:
-            self.loader.consumer_wait(pipe_g0, b0)
-            if const_expr(not steady):
-                if valid1 < BLOCK_N:
-                    self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
+        self.loader.consumer_wait(pipe_g0, b0)
+        if const_expr(not steady):
+            if valid1 < BLOCK_N:
+                self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
         # O_L += P1.V_L(t1) (SS, P1 from smem); the next pair's QK goes right behind it. Each branch
         # issues and retires its own wgmma groups (a group in flight across a branch makes ptxas
         # serialize every wgmma).
@@ -874,10 +865,12 @@ class MLADecodeSeesaw(MLADecodeBase):
         tile_max = cute.make_rmem_tensor_like(row_max)
         if const_expr(self.wg1_max_ahead):
             # S1's row maxima while WG0 runs its softmax: after M0 only m1 = max(m0, them) and the exponentials.
-            if const_expr(not steady):
+            if const_expr(steady):
+                softmax.tile_row_max(layouts.acc_mn_view(acc_s), tile_max, self.softmax_tree)
+            else:
                 if has_t1:
                     self.mask_tile(acc_s, t1, seqlen, row_limit, tScS)
-                softmax.tile_row_max(layouts.acc_mn_view(acc_s), tile_max, self.softmax_tree)
+                    softmax.tile_row_max(layouts.acc_mn_view(acc_s), tile_max, self.softmax_tree)
         self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
         self.mark(13, wg_tidx, full)
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
@@ -915,16 +908,10 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.mark(17, wg_tidx, full)
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
             self.mark(14, wg_tidx, full)
-            if const_expr(self.skip_covered_k_waits):
-                if const_expr(not steady):
-                    if valid0 < BLOCK_N:  # (the zeroing writes into the group: wait for it here too)
-                        self.loader.consumer_wait(pipe_g1, a1)
-                        self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
-            else:
-                self.loader.consumer_wait(pipe_g1, a1)
-                if const_expr(not steady):
-                    if valid0 < BLOCK_N:
-                        self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
+            self.loader.consumer_wait(pipe_g1, a1)
+            if const_expr(not steady):
+                if valid0 < BLOCK_N:
+                    self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
             self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
             warpgroup.commit_group()
             if const_expr(self.early_p_fence):

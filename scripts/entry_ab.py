@@ -96,11 +96,9 @@ MODES = {
     "2wg-no-mc": ("2wg", dict(_config=dict(cluster=1)), True),  # no multicast cluster (as MLA_MULTICAST=0)
     "2wg-no-mc-wide": ("2wg", dict(_config=dict(cluster=1), kv_wide_boxes=True), True),  # and one copy per group
     "seesaw-sts": ("seesaw", dict(p_stmatrix=False), True),  # P tiles stored with 4-byte stores (before)
-    # the P.Vs of a group the other warpgroup waited for go out without their own full-barrier wait
-    "seesaw-skip-waits": ("seesaw", dict(skip_covered_k_waits=True), True),
     # the chunk's steady pairs in a loop of their own, compiled without the per-tile checks
     "seesaw-steady": ("seesaw", dict(steady_loop=True), True),
-    "seesaw-steady-skip": ("seesaw", dict(steady_loop=True, skip_covered_k_waits=True), True),
+    "seesaw-unsteady": ("seesaw", dict(steady_loop=False), True),
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 

@@ -410,3 +410,31 @@ def test_seesaw_computes_each_exponential_once():
             sass = compile_check.disassemble(compile_check.find_nvdisasm(), fn.artifacts.CUBIN, d)
         exps[clear] = len(re.findall(r"MUFU\.EX2", sass))
     assert exps[True] + 32 <= exps[False] and exps[True] <= 102, exps
+
+
+@pytest.mark.skipif(compile_check.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
+def test_seesaw_steady_loop_compiles_two_iteration_bodies_without_spills_or_serialized_wgmma():
+    # ``steady_loop`` (off until its GPU tests have run) traces each warpgroup's iteration twice: the steady
+    # loop without the per-tile checks, then the rest with them. Both bodies must keep the library kernel's
+    # promises: no local-memory spills and wgmma chains that are not serialized (ptxas serializes every
+    # wgmma, a WARPGROUP.DEPBAR behind each HGMMA, when a group stays in flight across a branch).
+    import tempfile
+
+    from pipelines import launch
+    from pipelines.variant_seesaw import MLADecodeSeesaw
+
+    config = launch.DecodeConfig.make("seesaw", "bfloat16", 128, 2, 64, True)
+    counts = {}
+    for steady in (False, True):
+        kernel = type("Seesaw", (MLADecodeSeesaw,), {"steady_loop": steady})
+        with tempfile.TemporaryDirectory() as d:
+            fn = launch.compile_entry(config, options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {d}",
+                                      kernel_class=kernel)
+            sass = compile_check.disassemble(compile_check.find_nvdisasm(), fn.artifacts.CUBIN, d)
+        text = "\n".join(body for name, body in compile_check.sass_functions(sass).items() if "Seesaw" in name)
+        counts[steady] = dict(hgmma=len(re.findall(r"\bHGMMA\.", text)),
+                              depbar=len(re.findall(r"WARPGROUP\.DEPBAR", text)),
+                              spills=len(re.findall(r"\b(STL|LDL)\b", text)))
+    assert counts[True]["hgmma"] > counts[False]["hgmma"], counts  # a second copy of the iteration
+    for c in counts.values():
+        assert c["spills"] == 0 and c["depbar"] * 8 <= c["hgmma"], counts
