@@ -580,6 +580,21 @@ class MLADecodeBase:
         return row_limit
 
     @cute.jit
+    def steady_end(self, start, stop, seqlen, step: cutlass.Constexpr[int], last_offset: cutlass.Constexpr[int],
+                   ahead: cutlass.Constexpr[int]):
+        """Where a chunk's steady steps end, for a variant that runs them in a loop of their own compiled without
+        the per-tile checks (``steady_loop``): step x (x = start, start + step, ...) is steady when its last tile
+        x + last_offset ends at or below every row's key limit (tile + 1 <= (seqlen - (s_q - 1)) // BLOCK_N: no
+        key masked, no V row past seqlen; its earlier tiles then neither) and x + ahead < stop (whatever the step
+        issues for later tiles exists). Returns the first step past the steady run (``start`` if none)."""
+        full_tiles = cutlass.max(seqlen - (self.s_q - 1), 0) // BLOCK_N
+        last = cutlass.min(full_tiles - last_offset - 1, stop - ahead - 1)  # the last steady step, if >= start
+        out = start
+        if last >= start:
+            out = start + ((last - start) // step + 1) * step
+        return out
+
+    @cute.jit
     def mask_tile(self, acc_s, blk, seqlen, row_limit, tScS):
         """-inf for the keys past each row's limit (only tail tiles can have any)."""
         s_mn = layouts.acc_mn_view(acc_s)

@@ -141,6 +141,12 @@ class MLADecode2WG(MLADecodeBase):
     # 0.995-1.023; again, with ``kv_groups_sq`` and ``kv_groups_rows`` widened, twenty-sixth session: 1.002-1.027
     # at b64/b128 s2 h128 4096, 0.999-1.008 at b32-b128 s2 h128 1024, 0.984-1.000 at s2 h64). 1: one barrier pair
     # per stage. A class constant (an A/B sets it on a subclass; 2 still falls back to 1 where it is not taken).
+    # A chunk's tiles in two loops per warpgroup: the steady ones first (``steady_end``: no mask, no zeroed V rows,
+    # the stage's refill always due), compiled without those checks, then the rest with them (the default
+    # order only, not ``qk_ahead``). The seesaw's form of it measured 5-11% faster paired on an H100 at 128-256
+    # rows (docs/perf-notes.md, thirty-sixth session). Prepared, not run on a GPU (entry_ab mode
+    # ``2wg-steady``).
+    steady_loop = False
     kv_groups = 2
     kv_groups_rows = (65, 128)  # the rows per kv head where kv_groups 2 is taken (with s_q in kv_groups_sq)
     kv_groups_sq = (1,)  # the query lengths where kv_groups 2 is taken (an A/B widens both)
@@ -319,11 +325,12 @@ class MLADecode2WG(MLADecodeBase):
 
     @cute.jit
     def wg0_softmax_p(self, acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum, row_scale,
-                      s_row_scale, sK, k_state, scale_log2, wg_tidx):
+                      s_row_scale, sK, k_state, scale_log2, wg_tidx, steady: cutlass.Constexpr[bool] = False):
         """WG0 between a tile's QK and its P.V: mask + online softmax of S, P (16-bit registers, returned)
         stored for WG1 (and published too unless ``p_fence_after_pv``), O rescaled where the max moved, and
-        a tail tile's V rows zeroed in WG0's half."""
-        self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2)
+        a tail tile's V rows zeroed in WG0's half (``steady``: the tile needs neither mask nor zeroing)."""
+        self.softmax_tile(acc_s, blk, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2,
+                          mask=not steady)
         rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
         rP.store(acc_s.load().to(self.dtype))
         if const_expr(self.p_fence_after_pv):
@@ -332,19 +339,21 @@ class MLADecode2WG(MLADecodeBase):
             self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         valid = seqlen - blk * BLOCK_N
-        if valid < BLOCK_N:
-            self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
+        if const_expr(not steady):
+            if valid < BLOCK_N:
+                self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
         return rP
 
     @cute.jit
     def wg0_softmax_pv(self, acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max, row_sum,
-                       row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx):
+                       row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx,
+                       steady: cutlass.Constexpr[bool] = False):
         """WG0 from a tile's S to its P.V in flight: ``wg0_softmax_p``, then O[:, 0:256] += P.V with P from
         registers (issued, not waited for), then the proxy fence and P_FULL with ``p_fence_after_pv``: P's
         stores were issued before this P.V (its registers are not touched after the issue), and the fence
         follows the issue so that WG0's P.V does not wait for it."""
         rP = self.wg0_softmax_p(acc_s, blk, seqlen, row_limit, tScS, tPsP, acc_o_mn, row_max, row_sum, row_scale,
-                                s_row_scale, sK, k_state, scale_log2, wg_tidx)
+                                s_row_scale, sK, k_state, scale_log2, wg_tidx, steady)
         self.issue_pv(acc_o, layouts.acc_as_a_operand(rP), tOrV, k_state.index, p_in_registers=True)
         if const_expr(self.p_fence_after_pv):
             self.publish_p()
@@ -354,17 +363,40 @@ class MLADecode2WG(MLADecodeBase):
                   acc_o_mn, row_max, row_sum, row_scale, s_row_scale, sK, pipe_k, k_state, scale_log2):
         """WG0's tiles of one chunk: per tile, the stage wait, QK, softmax and P for WG1, its P.V, the stage
         release. Returns the consumer state past the chunk."""
-        for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
-            acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
-            self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_state)
-            warpgroup.wait_group(0)
-            self.wg0_release_after_qk(pipe_k, k_state)
-            self.wg0_softmax_pv(acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max, row_sum,
-                                row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx)
-            warpgroup.wait_group(0)
-            self.wg0_release_after_pv(pipe_k, k_state)
-            k_state.advance()
+        steady_stop = start
+        if const_expr(self.steady_loop):
+            steady_stop = self.steady_tiles_end(start, stop, seqlen)
+        for part in cutlass.range_constexpr(2 if self.steady_loop else 1):
+            steady = self.steady_loop and part == 0
+            lo = start
+            hi = stop
+            if const_expr(self.steady_loop):
+                lo = start if part == 0 else steady_stop
+                hi = steady_stop if part == 0 else stop
+            for blk in cutlass.range(lo, hi, self.split_cluster, unroll=1):
+                acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
+                self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_state)
+                warpgroup.wait_group(0)
+                self.wg0_release_after_qk(pipe_k, k_state)
+                self.wg0_softmax_pv(acc_s, blk, seqlen, row_limit, tScS, tPsP, tOrV, acc_o, acc_o_mn, row_max,
+                                    row_sum, row_scale, s_row_scale, sK, k_state, scale_log2, wg_tidx, steady)
+                warpgroup.wait_group(0)
+                self.wg0_release_after_pv(pipe_k, k_state)
+                k_state.advance()
         return k_state
+
+    def refill_due(self, steady: bool, blk, stop):
+        """Whether WG1 refills tile ``blk``'s stage with tile blk + kv_stages C: always in a steady tile
+        (``steady_tiles_end``), else while that tile is in the chunk (traced at each use, as written inline)."""
+        if steady:
+            return cutlass.Boolean(True)
+        return blk + self.kv_stages * self.split_cluster < stop
+
+    @cute.jit
+    def steady_tiles_end(self, start, stop, seqlen):
+        """Where ``steady_loop``'s first loop ends (``steady_end``): tile blk is steady when it needs no mask and
+        no zeroed V rows and its stage's refill (blk + kv_stages C) is due."""
+        return self.steady_end(start, stop, seqlen, self.split_cluster, 0, self.kv_stages * self.split_cluster)
 
     @cute.jit
     def wg0_tiles_qk_ahead(self, wg_tidx, start, stop, seqlen, row_limit, thr_qk, tSrQ, tSrK, tOrV, tPsP, tScS,
@@ -517,50 +549,62 @@ class MLADecode2WG(MLADecodeBase):
             acc_o.fill(0.0)
             acc_o_mn = layouts.acc_mn_view(acc_o)
             row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
-            for blk in cutlass.range(start, stop, self.split_cluster, unroll=1):
-                if const_expr(self.prefetches_l2()):
-                    # The tile to prefetch and this warp's page id of it, read now like next_page and
-                    # used after the stage's refill below.
-                    ahead = blk + (self.kv_stages + self.l2_prefetch_ahead) * self.split_cluster
-                    ahead_page = Int32(0)
+            steady_stop = start
+            if const_expr(self.steady_loop):
+                steady_stop = self.steady_tiles_end(start, stop, seqlen)
+            for part in cutlass.range_constexpr(2 if self.steady_loop else 1):
+                steady = self.steady_loop and part == 0
+                lo = start
+                hi = stop
+                if const_expr(self.steady_loop):
+                    lo = start if part == 0 else steady_stop
+                    hi = steady_stop if part == 0 else stop
+                for blk in cutlass.range(lo, hi, self.split_cluster, unroll=1):
+                    if const_expr(self.prefetches_l2()):
+                        # The tile to prefetch and this warp's page id of it, read now like next_page and
+                        # used after the stage's refill below.
+                        ahead = blk + (self.kv_stages + self.l2_prefetch_ahead) * self.split_cluster
+                        ahead_page = Int32(0)
+                        if is_k_producer:
+                            ahead_page = self.loader.page_id(mBlockTable, r, ahead, seqlen, wg_tidx)
+                    # Read now (before the waits for P and the stage, and the P.V) so that its latency is
+                    # hidden by them instead of sitting between the stage's release and the TMA issue below.
+                    next_page = self.next_page_early(is_k_producer, mBlockTable, r,
+                                                     blk + self.kv_stages * self.split_cluster, seqlen, wg_tidx)
+                    cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
+                    for i in cutlass.range_constexpr(n_rows_thr):
+                        row_scale[i] = s_row_scale[tOcO[i, 0][0]]
+                    softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
+                    self.k_wait(pipe_k, k_state, self.wg1_group())
+                    valid = seqlen - blk * BLOCK_N
+                    if const_expr(not steady):
+                        if valid < BLOCK_N:
+                            self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
+                    self.issue_pv(acc_o, tOrP, tOrV, k_state.index)
+                    if const_expr(self.qk_ahead and self.qk_ahead_waits_pv):
+                        if blk + self.split_cluster < stop:  # WG0 issues the next QK behind this P.V
+                            cute.arch.barrier_arrive(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
+                    if const_expr(self.kv_groups == 2):
+                        # Group A of the stage goes out once WG0's P.V of this tile retired (its release), while
+                        # this warpgroup's P.V still runs.
+                        if is_k_producer:
+                            if self.refill_due(steady, blk, stop):
+                                self.refill(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r,
+                                            blk + self.kv_stages * self.split_cluster, seqlen, kv_head, wg_tidx,
+                                            next_page, 0)
+                    warpgroup.wait_group(0)
+                    cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
+                    self.k_release(pipe_k, k_state, self.wg1_group())
+                    k_state.advance()
                     if is_k_producer:
-                        ahead_page = self.loader.page_id(mBlockTable, r, ahead, seqlen, wg_tidx)
-                # Read now (before the waits for P and the stage, and the P.V) so that its latency is
-                # hidden by them instead of sitting between the stage's release and the TMA issue below.
-                next_page = self.next_page_early(is_k_producer, mBlockTable, r, blk + self.kv_stages * self.split_cluster,
-                                                 seqlen, wg_tidx)
-                cute.arch.barrier(barrier_id=BAR_P_FULL, number_of_threads=256)
-                for i in cutlass.range_constexpr(n_rows_thr):
-                    row_scale[i] = s_row_scale[tOcO[i, 0][0]]
-                softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-                self.k_wait(pipe_k, k_state, self.wg1_group())
-                valid = seqlen - blk * BLOCK_N
-                if valid < BLOCK_N:
-                    self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
-                self.issue_pv(acc_o, tOrP, tOrV, k_state.index)
-                if const_expr(self.qk_ahead and self.qk_ahead_waits_pv):
-                    if blk + self.split_cluster < stop:  # WG0 issues the next QK behind this P.V
-                        cute.arch.barrier_arrive(barrier_id=BAR_PV_ISSUED, number_of_threads=256)
-                if const_expr(self.kv_groups == 2):
-                    # Group A of the stage goes out once WG0's P.V of this tile retired (its release), while
-                    # this warpgroup's P.V still runs.
-                    if is_k_producer:
-                        if blk + self.kv_stages * self.split_cluster < stop:
+                        if self.refill_due(steady, blk, stop):
                             self.refill(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r,
                                         blk + self.kv_stages * self.split_cluster, seqlen, kv_head, wg_tidx, next_page,
-                                        0)
-                warpgroup.wait_group(0)
-                cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)
-                self.k_release(pipe_k, k_state, self.wg1_group())
-                k_state.advance()
-                if is_k_producer:
-                    if blk + self.kv_stages * self.split_cluster < stop:
-                        self.refill(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk + self.kv_stages * self.split_cluster,
-                                    seqlen, kv_head, wg_tidx, next_page, self.wg1_group())
-                        k_prod.advance()
-                    if const_expr(self.prefetches_l2()):
-                        if ahead < stop:
-                            self.loader.prefetch_tile(tma_k, mK, sK, ahead, kv_head, ahead_page, wg_tidx)
+                                        self.wg1_group())
+                            k_prod.advance()
+                        if const_expr(self.prefetches_l2()):
+                            if ahead < stop:
+                                self.loader.prefetch_tile(tma_k, mK, sK, ahead, kv_head, ahead_page, wg_tidx)
             if const_expr(self.arrives_early()):
                 # The last release and the last multicast load of this warpgroup are behind it (the
                 # last chunk prefetches nothing).

@@ -417,17 +417,11 @@ class MLADecodeSeesaw(MLADecodeBase):
 
     @cute.jit
     def steady_stop(self, start, stop, seqlen):
-        """The first pair start from which ``role``'s second loop takes over: pair t0 (step 2C) is steady when
-        it and the next pair are whole (t1' = t0 + 3C < stop: WG0 issues QK(t0') and WG1 QK(t1') at its end)
-        and its t1 = t0 + C ends at or below every row's key limit (tile t1 + 1 <= (seqlen - (s_q - 1)) //
-        BLOCK_N: no key masked and no V row past seqlen; t0 < t1 then too)."""
+        """The first pair start from which ``role``'s second loop takes over (``steady_end``): pair t0 (step 2C)
+        is steady when it and the next pair are whole (t1' = t0 + 3C < stop: WG0 issues QK(t0') and WG1 QK(t1')
+        at its end) and its t1 = t0 + C needs no mask and no zeroed V rows (t0 < t1 then neither)."""
         C = self.split_cluster
-        full_tiles = cutlass.max(seqlen - (self.s_q - 1), 0) // BLOCK_N
-        last = cutlass.min(full_tiles - C - 1, stop - 3 * C - 1)  # the last steady t0, if >= start
-        out = start
-        if last >= start:
-            out = start + ((last - start) // (2 * C) + 1) * (2 * C)
-        return out
+        return self.steady_end(start, stop, seqlen, 2 * C, C, 3 * C)
 
     @cute.jit
     def produce(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split, tma_q, mQ,

@@ -388,21 +388,27 @@ def test_narrow_kernel_transposes_both_products():
         type("Prefetching", (MLADecode2WGNarrow,), {"l2_prefetch_ahead": 2})(cutlass_bf16(), 16, 1, 64, False)
 
 
-def _seesaw_sass(**constants) -> str:
-    """The SASS of the seesaw kernel at h128 s2 causal page 64 (the compute-bound MTP shape), compiled from a
-    subclass with ``constants`` set; the split-merge kernels of the same entry left out."""
+def _decode_sass(variant: str, h_q: int, s_q: int, causal: bool, **constants) -> str:
+    """The SASS of ``variant``'s decode kernel at page 64, compiled from a subclass of its kernel class with
+    ``constants`` set; the split-merge kernels of the same entry left out."""
     import tempfile
 
     from pipelines import launch
+    from pipelines.variant_2wg import MLADecode2WG
     from pipelines.variant_seesaw import MLADecodeSeesaw
 
-    config = launch.DecodeConfig.make("seesaw", "bfloat16", 128, 2, 64, True)
-    kernel = type("Seesaw", (MLADecodeSeesaw,), constants)
+    config = launch.DecodeConfig.make(variant, "bfloat16", h_q, s_q, 64, causal)
+    kernel = type("Probed", ({"seesaw": MLADecodeSeesaw, "2wg": MLADecode2WG}[variant],), constants)
     with tempfile.TemporaryDirectory() as d:
         fn = launch.compile_entry(config, options=f"--gpu-arch sm_90a --keep-cubin --dump-dir {d}",
                                   kernel_class=kernel)
         sass = compile_check.disassemble(compile_check.find_nvdisasm(), fn.artifacts.CUBIN, d)
-    return "\n".join(body for name, body in compile_check.sass_functions(sass).items() if "Seesaw" in name)
+    return "\n".join(body for name, body in compile_check.sass_functions(sass).items() if "Probed" in name)
+
+
+def _seesaw_sass(**constants) -> str:
+    """The seesaw's decode kernel at h128 s2 causal (the compute-bound MTP shape): ``_decode_sass``."""
+    return _decode_sass("seesaw", 128, 2, True, **constants)
 
 
 @pytest.mark.skipif(compile_check.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
@@ -418,14 +424,15 @@ def test_seesaw_computes_each_exponential_once():
 
 
 @pytest.mark.skipif(compile_check.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
-def test_seesaw_steady_loop_compiles_two_iteration_bodies_without_spills_or_serialized_wgmma():
+@pytest.mark.parametrize("variant,h_q,s_q,causal", [("seesaw", 128, 2, True), ("2wg", 128, 1, False)])
+def test_steady_loop_compiles_two_iteration_bodies_without_spills_or_serialized_wgmma(variant, h_q, s_q, causal):
     # ``steady_loop`` (off until its GPU tests have run) traces each warpgroup's iteration twice: the steady
     # loop without the per-tile checks, then the rest with them. Both bodies must keep the library kernel's
     # promises: no local-memory spills and wgmma chains that are not serialized (ptxas serializes every
     # wgmma, a WARPGROUP.DEPBAR behind each HGMMA, when a group stays in flight across a branch).
     counts = {}
     for steady in (False, True):
-        text = _seesaw_sass(steady_loop=steady)
+        text = _decode_sass(variant, h_q, s_q, causal, steady_loop=steady)
         counts[steady] = dict(hgmma=len(re.findall(r"\bHGMMA\.", text)),
                               depbar=len(re.findall(r"WARPGROUP\.DEPBAR", text)),
                               spills=len(re.findall(r"\b(STL|LDL)\b", text)))
