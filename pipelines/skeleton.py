@@ -58,6 +58,9 @@ class MLADecodeBase:
     # value (max is exact). Measured on an H200 (paired A/B, docs/perf-notes.md, twentieth session): 0.98-1.00.
     # A class constant like lazy_rescale (an A/B sets it False on a subclass).
     softmax_tree = True
+    # A chunk's steps in two loops, the steady ones first compiled without the per-tile checks (``steady_end``);
+    # a variant that has the split defines ``steady_stop`` and sets this (class constant; see the variants).
+    steady_loop = False
     # 16-byte stores of O into 16-bit destinations (store_rows_16). A class constant like lazy_rescale
     # (False: one store per fragment pair, the form before; kept for the A/B).
     vector_stores = True
@@ -578,6 +581,25 @@ class MLADecodeBase:
                 s_idx = (m_block * BLOCK_M + tScS[i, 0][0]) // self.heads_per_kv
                 row_limit[i] = seqlen - (self.s_q - 1 - s_idx)
         return row_limit
+
+    def loop_parts(self) -> int:
+        """How many loops a chunk's steps run in: 2 with ``steady_loop`` (the steady ones first), else 1."""
+        return 2 if self.steady_loop else 1
+
+    @cute.jit
+    def steady_split(self, start, stop, seqlen):
+        """The variant's ``steady_stop`` of the chunk with ``steady_loop``, else ``start`` (no steady loop)."""
+        out = start
+        if const_expr(self.steady_loop):
+            out = self.steady_stop(start, stop, seqlen)
+        return out
+
+    def steady_part(self, part: int, start, stop, steady_stop):
+        """Loop ``part``'s bounds and whether it is the steady one: (start, steady_stop, True) then (steady_stop,
+        stop, False) with ``steady_loop``, else (start, stop, False)."""
+        if not self.steady_loop:
+            return start, stop, False
+        return (start, steady_stop, True) if part == 0 else (steady_stop, stop, False)
 
     @cute.jit
     def steady_end(self, start, stop, seqlen, step: cutlass.Constexpr[int], last_offset: cutlass.Constexpr[int],

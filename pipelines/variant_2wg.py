@@ -363,16 +363,9 @@ class MLADecode2WG(MLADecodeBase):
                   acc_o_mn, row_max, row_sum, row_scale, s_row_scale, sK, pipe_k, k_state, scale_log2):
         """WG0's tiles of one chunk: per tile, the stage wait, QK, softmax and P for WG1, its P.V, the stage
         release. Returns the consumer state past the chunk."""
-        steady_stop = start
-        if const_expr(self.steady_loop):
-            steady_stop = self.steady_tiles_end(start, stop, seqlen)
-        for part in cutlass.range_constexpr(2 if self.steady_loop else 1):
-            steady = self.steady_loop and part == 0
-            lo = start
-            hi = stop
-            if const_expr(self.steady_loop):
-                lo = start if part == 0 else steady_stop
-                hi = steady_stop if part == 0 else stop
+        steady_stop = self.steady_split(start, stop, seqlen)
+        for part in cutlass.range_constexpr(self.loop_parts()):
+            lo, hi, steady = self.steady_part(part, start, stop, steady_stop)
             for blk in cutlass.range(lo, hi, self.split_cluster, unroll=1):
                 acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
                 self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_state)
@@ -387,13 +380,13 @@ class MLADecode2WG(MLADecodeBase):
 
     def refill_due(self, steady: bool, blk, stop):
         """Whether WG1 refills tile ``blk``'s stage with tile blk + kv_stages C: always in a steady tile
-        (``steady_tiles_end``), else while that tile is in the chunk (traced at each use, as written inline)."""
+        (``steady_stop``), else while that tile is in the chunk (traced at each use, as written inline)."""
         if steady:
             return cutlass.Boolean(True)
         return blk + self.kv_stages * self.split_cluster < stop
 
     @cute.jit
-    def steady_tiles_end(self, start, stop, seqlen):
+    def steady_stop(self, start, stop, seqlen):
         """Where ``steady_loop``'s first loop ends (``steady_end``): tile blk is steady when it needs no mask and
         no zeroed V rows and its stage's refill (blk + kv_stages C) is due."""
         return self.steady_end(start, stop, seqlen, self.split_cluster, 0, self.kv_stages * self.split_cluster)
@@ -549,16 +542,9 @@ class MLADecode2WG(MLADecodeBase):
             acc_o.fill(0.0)
             acc_o_mn = layouts.acc_mn_view(acc_o)
             row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
-            steady_stop = start
-            if const_expr(self.steady_loop):
-                steady_stop = self.steady_tiles_end(start, stop, seqlen)
-            for part in cutlass.range_constexpr(2 if self.steady_loop else 1):
-                steady = self.steady_loop and part == 0
-                lo = start
-                hi = stop
-                if const_expr(self.steady_loop):
-                    lo = start if part == 0 else steady_stop
-                    hi = steady_stop if part == 0 else stop
+            steady_stop = self.steady_split(start, stop, seqlen)
+            for part in cutlass.range_constexpr(self.loop_parts()):
+                lo, hi, steady = self.steady_part(part, start, stop, steady_stop)
                 for blk in cutlass.range(lo, hi, self.split_cluster, unroll=1):
                     if const_expr(self.prefetches_l2()):
                         # The tile to prefetch and this warp's page id of it, read now like next_page and

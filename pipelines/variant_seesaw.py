@@ -363,16 +363,9 @@ class MLADecodeSeesaw(MLADecodeBase):
             # With ``steady_loop`` the chunk's pairs run in two loops: first the steady ones (``steady_stop``: a
             # t1, a whole next pair, no tile needing a mask or zeroed V rows), traced with those checks left out,
             # then the rest with them.
-            steady_stop = start
-            if const_expr(self.steady_loop):
-                steady_stop = self.steady_stop(start, stop, seqlen)
-            for part in cutlass.range_constexpr(2 if self.steady_loop else 1):
-                steady = self.steady_loop and part == 0
-                lo = start
-                hi = stop
-                if const_expr(self.steady_loop):
-                    lo = start if part == 0 else steady_stop
-                    hi = steady_stop if part == 0 else stop
+            steady_stop = self.steady_split(start, stop, seqlen)
+            for part in cutlass.range_constexpr(self.loop_parts()):
+                lo, hi, steady = self.steady_part(part, start, stop, steady_stop)
                 for t0 in cutlass.range(lo, hi, 2 * C, unroll=1):
                     t1 = t0 + C
                     has_t1 = cutlass.Boolean(True) if steady else t1 < stop
