@@ -160,6 +160,9 @@ class MLADecode2WG(MLADecodeBase):
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
+        if self.steady_loop and self.qk_ahead:
+            # WG0's qk_ahead loop is not split; only WG1's would be (correct, but half the option).
+            raise ValueError("steady_loop is not built for qk_ahead (WG0's qk_ahead loop has no steady split)")
         rows = num_heads // max(num_heads_k, 1) * seqlen_q
         lo, hi = self.kv_groups_rows
         if self.kv_groups == 2 and (split_cluster > 1 or not paged_kv.uses_tma(page_size) or not lo <= rows <= hi

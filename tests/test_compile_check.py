@@ -439,3 +439,14 @@ def test_steady_loop_compiles_two_iteration_bodies_without_spills_or_serialized_
     assert counts[True]["hgmma"] > counts[False]["hgmma"], counts  # a second copy of the iteration
     for c in counts.values():
         assert c["spills"] == 0 and c["depbar"] * 8 <= c["hgmma"], counts
+
+
+def test_2wg_steady_loop_refuses_qk_ahead():
+    # WG0's qk_ahead loop has no steady split: with both on only WG1's loop would be split, so the pair is
+    # refused when the kernel is built (before any compile or launch) instead of measuring half the option.
+    from pipelines.variant_2wg import MLADecode2WG
+
+    both = type("Both", (MLADecode2WG,), {"steady_loop": True, "qk_ahead": True})
+    with pytest.raises(ValueError, match="steady_loop.*qk_ahead"):
+        both(cutlass_bf16(), 128, 1, 64, False)
+    type("Steady", (MLADecode2WG,), {"steady_loop": True})(cutlass_bf16(), 128, 1, 64, False)  # alone: built
