@@ -601,6 +601,11 @@ class MLADecodeBase:
             return start, stop, False
         return (start, steady_stop, True) if part == 0 else (steady_stop, stop, False)
 
+    def unless_steady(self, steady: bool, cond):
+        """``cond`` (a per-step condition the steady loop's steps all meet) in the second loop, a constant True in
+        the steady one, so that the branch on it folds away there."""
+        return cutlass.Boolean(True) if steady else cond
+
     @cute.jit
     def steady_end(self, start, stop, seqlen, step: cutlass.Constexpr[int], last_offset: cutlass.Constexpr[int],
                    ahead: cutlass.Constexpr[int]):

@@ -384,9 +384,7 @@ class MLADecode2WG(MLADecodeBase):
     def refill_due(self, steady: bool, blk, stop):
         """Whether WG1 refills tile ``blk``'s stage with tile blk + kv_stages C: always in a steady tile
         (``steady_stop``), else while that tile is in the chunk (traced at each use, as written inline)."""
-        if steady:
-            return cutlass.Boolean(True)
-        return blk + self.kv_stages * self.split_cluster < stop
+        return self.unless_steady(steady, blk + self.kv_stages * self.split_cluster < stop)
 
     @cute.jit
     def steady_stop(self, start, stop, seqlen):

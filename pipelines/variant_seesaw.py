@@ -368,7 +368,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 lo, hi, steady = self.steady_part(part, start, stop, steady_stop)
                 for t0 in cutlass.range(lo, hi, 2 * C, unroll=1):
                     t1 = t0 + C
-                    has_t1 = cutlass.Boolean(True) if steady else t1 < stop
+                    has_t1 = self.unless_steady(steady, t1 < stop)
                     if const_expr(not steady):
                         if t0 + 2 * C >= stop:
                             self.mark(38 + me, wg_tidx, True)  # the chunk's last iteration
@@ -715,7 +715,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         # O_L += P1.V_L(t1) (SS, P1 from smem); the next pair's QK goes right behind it. Each branch
         # issues and retires its own wgmma groups (a group in flight across a branch makes ptxas
         # serialize every wgmma).
-        has_next = cutlass.Boolean(True) if steady else t0 + 2 * C < stop
+        has_next = self.unless_steady(steady, t0 + 2 * C < stop)
         if has_next:
             self.mark(7, wg_tidx, full)
             self.pv(False, acc_o, tOrP_other, tOrV_ss, stage_b, True)
@@ -923,7 +923,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                         self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t1 + 2 * C, seqlen,
                                         kv_head, wg_tidx, page=page_b, cols=G1_COLS)
                         prod.advance()
-            has_next = cutlass.Boolean(True) if steady else t1 + 2 * C < stop
+            has_next = self.unless_steady(steady, t1 + 2 * C < stop)
             if has_next:
                 m0s = n0.clone()
                 m1s = n1.clone()

@@ -98,7 +98,7 @@ MODES = {
     "seesaw-sts": ("seesaw", dict(p_stmatrix=False), True),  # P tiles stored with 4-byte stores (before)
     # the chunk's steady pairs in a loop of their own, compiled without the per-tile checks
     "seesaw-steady": ("seesaw", dict(steady_loop=True), True),
-    "seesaw-unsteady": ("seesaw", dict(steady_loop=False), True),
+    "seesaw-unsteady": ("seesaw", dict(steady_loop=False), True),  # the baseline once steady_loop is the default
     # (the 64-row kernel's loops only: at <= 32 rows per kv head the narrow kernel has no steady split)
     "2wg-steady": ("2wg", dict(steady_loop=True), True),
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
