@@ -18,6 +18,11 @@ measured in the same run, on the same machine, back to back, are comparable; so 
 combined by their ratios, never row against row of another run):
 1. Rows that the library runs by default: no error, ``multicast`` None or True (the ``mc-off`` rows
    are the A/B of a switch, not the default path), and not the run's own ``auto`` rows.
+   A config whose replays were disturbed is left out of that run: any of its rows has a median more
+   than ``DISTURBED`` times its fastest replay (``us_min``). Steady timings sit within about 1.1x of
+   their fastest replay; the few disturbed ones seen (small configs early in a run, e.g. 2wg at page
+   64 b1 h16 1024 read 18.9 us with replays down to 8.6, against 9.1 in the next run) are bimodal,
+   and one of them sent that key to a pipeline 30% slower.
 2. In each run, configs measured by at least two pipelines are grouped by key; each pipeline's time
    on a key is the geometric mean of its times on the group's configs (with the full grid every
    config has a key of its own, so this is the config's time).
@@ -79,6 +84,7 @@ from collections.abc import Sequence
 DEFAULT = "2wg"
 AUTO = "auto"  # the pipeline name of a run's auto rows
 TIE = 0.01  # a winner must be more than 1% faster (geomean over the key's configs) than DEFAULT
+DISTURBED = 1.4  # step 1: a config with a row whose median is over 1.4x its fastest replay is left out
 SLOWER = 0.02  # the report flags rows where the choice is more than 2% slower than the fastest
 GATHER_PAGES = (1, 2, 4, 8)  # pipelines.paged_kv.GATHER_PAGE_SIZES (not imported: it imports the DSL)
 KEY_FIELDS = ("page_size", "s_q", "h_q", "h_kv", "batch", "kv_capacity")
@@ -141,12 +147,21 @@ def _default_path(row: dict) -> bool:
 
 def default_path_times(run: dict) -> dict[tuple, dict[str, float]]:
     """{config: {pipeline: us}} of the run's variant rows on the library's default path (step 1;
-    the run's ``auto`` rows are left out: they measure the choice, they do not inform it)."""
+    the run's ``auto`` rows are left out: they measure the choice, they do not inform it; so are the
+    configs with a disturbed row, ``_disturbed``)."""
+    disturbed = {_config(row) for row in run["rows"] if _disturbed(row)}
     times: dict[tuple, dict[str, float]] = {}
     for row in run["rows"]:
-        if _default_path(row) and row["pipeline"] != AUTO:
+        if _default_path(row) and row["pipeline"] != AUTO and _config(row) not in disturbed:
             times.setdefault(_config(row), {})[row["pipeline"]] = float(row["us"])
     return times
+
+
+def _disturbed(row: dict) -> bool:
+    """Step 1: the row's median is more than ``DISTURBED`` times its fastest replay (runs without
+    ``us_min`` have no such rows)."""
+    us, us_min = row.get("us"), row.get("us_min")
+    return us is not None and bool(us_min) and us > DISTURBED * us_min
 
 
 def _geomean(values: Sequence[float]) -> float:

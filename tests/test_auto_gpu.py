@@ -2,7 +2,7 @@
 call's shape, through both entry points, and its output matches the fp32 reference.
 
 One shape per pipeline the table picks at batch 8 (the table's keys there: the seesaw at page 64 s_q 2
-h_q 128 and page 16 s_q 1 h_q 128, 3wg at page 64 s_q 1 h_q 64, 2wg at page 64 s_q 1 h_q 16), so that a
+h_q 128 and page 16 s_q 2 h_q 128, 3wg at page 64 s_q 2 h_q 32, 2wg at page 64 s_q 1 h_q 16), so that a
 table or a lookup change that sends a shape to another variant fails here, and a variant that auto
 reaches only through the table is checked through it. Lengths vary, one is zero, every unused cache slot
 is NaN (``mla.testing.make_decode_problem``), and the block table is sized to the longest request, so
@@ -18,8 +18,8 @@ SEQLENS = [1024, 1000, 517, 0, 1024, 63, 800, 1023]
 
 CASES = [  # (page_size, s_q, h_q, the table's variant)
     (64, 2, 128, "seesaw"),
-    (16, 1, 128, "seesaw"),
-    (64, 1, 64, "3wg"),
+    (16, 2, 128, "seesaw"),
+    (64, 2, 32, "3wg"),
     (64, 1, 16, "2wg"),
 ]
 
