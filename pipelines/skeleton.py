@@ -61,6 +61,15 @@ class MLADecodeBase:
     # A chunk's steps in two loops, the steady ones first compiled without the per-tile checks (``steady_end``);
     # a variant that has the split defines ``steady_stop`` and sets this (class constant; see the variants).
     steady_loop = False
+    # The steady loop runs only where it covers at least this many steps (pairs in the seesaw, tiles in 2wg);
+    # a shorter run of steady steps goes to the second loop with the rest. Why it may pay: a CTA runs one or
+    # two chunks, so each loop body's code is fetched cold about once; with two bodies a short chunk pays the
+    # instruction misses twice for a few steps without the per-tile checks. The H100 grids of the
+    # thirty-seventh session (docs/perf-notes.md) have the seesaw 3-10% slower against 2wg with the steady
+    # loop on at 1024-4096 keys with batches 1-32 (chunks of a few pairs) and 7-12% faster on long chunks.
+    # 1: every steady run (the form measured so far); larger values are an A/B (entry_ab
+    # ``seesaw-steady-min*``), not yet timed.
+    steady_min_steps = 1
     # 16-byte stores of O into 16-bit destinations (store_rows_16). A class constant like lazy_rescale
     # (False: one store per fragment pair, the form before; kept for the A/B).
     vector_stores = True
@@ -613,11 +622,13 @@ class MLADecodeBase:
         the per-tile checks (``steady_loop``): step x (x = start, start + step, ...) is steady when its last tile
         x + last_offset ends at or below every row's key limit (tile + 1 <= (seqlen - (s_q - 1)) // BLOCK_N: no
         key masked, no V row past seqlen; its earlier tiles then neither) and x + ahead < stop (whatever the step
-        issues for later tiles exists). Returns the first step past the steady run (``start`` if none)."""
+        issues for later tiles exists). Returns the first step past the steady run (``start`` if none, or if the run has fewer than
+        ``steady_min_steps`` steps)."""
         full_tiles = cutlass.max(seqlen - (self.s_q - 1), 0) // BLOCK_N
         last = cutlass.min(full_tiles - last_offset - 1, stop - ahead - 1)  # the last steady step, if >= start
         out = start
-        if last >= start:
+        # (last - start) // step + 1 steady steps: at least ``steady_min_steps`` of them, or none
+        if last >= start + (self.steady_min_steps - 1) * step:
             out = start + ((last - start) // step + 1) * step
         return out
 

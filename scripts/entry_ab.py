@@ -99,6 +99,10 @@ MODES = {
     # the chunk's steady pairs in a loop of their own, compiled without the per-tile checks
     "seesaw-steady": ("seesaw", dict(steady_loop=True), True),
     "seesaw-unsteady": ("seesaw", dict(steady_loop=False), True),  # the baseline once steady_loop is the default
+    # the steady loop only where it covers at least 2 / 4 / 8 pairs (skeleton.steady_min_steps)
+    "seesaw-steady-min2": ("seesaw", dict(steady_min_steps=2), True),
+    "seesaw-steady-min4": ("seesaw", dict(steady_min_steps=4), True),
+    "seesaw-steady-min8": ("seesaw", dict(steady_min_steps=8), True),
     # (the 64-row kernel's loops only: at <= 32 rows per kv head the narrow kernel has no steady split)
     "2wg-steady": ("2wg", dict(steady_loop=True), True),
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)

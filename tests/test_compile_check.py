@@ -426,7 +426,7 @@ def test_seesaw_computes_each_exponential_once():
 @pytest.mark.skipif(compile_check.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
 @pytest.mark.parametrize("variant,h_q,s_q,causal", [("seesaw", 128, 2, True), ("2wg", 128, 1, False)])
 def test_steady_loop_compiles_two_iteration_bodies_without_spills_or_serialized_wgmma(variant, h_q, s_q, causal):
-    # ``steady_loop`` (off until its GPU tests have run) traces each warpgroup's iteration twice: the steady
+    # ``steady_loop`` (the seesaw's default, 2wg's off) traces each warpgroup's iteration twice: the steady
     # loop without the per-tile checks, then the rest with them. Both bodies must keep the library kernel's
     # promises: no local-memory spills and wgmma chains that are not serialized (ptxas serializes every
     # wgmma, a WARPGROUP.DEPBAR behind each HGMMA, when a group stays in flight across a branch).
