@@ -159,7 +159,8 @@ def default_path_times(run: dict) -> dict[tuple, dict[str, float]]:
 
 def _disturbed(row: dict) -> bool:
     """Step 1: the row's median is more than ``DISTURBED`` times its fastest replay (runs without
-    ``us_min`` have no such rows)."""
+    ``us_min`` have no such rows). Any row of a config counts, its auto and mc-off rows too: a config's rows
+    are replayed interleaved in the same rounds, so what disturbed one fell on the rounds of all."""
     us, us_min = row.get("us"), row.get("us_min")
     return us is not None and bool(us_min) and us > DISTURBED * us_min
 
@@ -359,12 +360,14 @@ def verify(run: dict) -> list[dict]:
     rows: ``{"config", "auto_us", "resolved", "fastest", "fastest_us", "ratio" (auto / fastest, by
     medians), "paired" (the auto row's paired ratio against the fastest, None where the run has
     none), "resolved_ratio" (the resolved variant's own row / fastest, None if not measured),
-    "slower" (the paired ratio, else the ratio, > 1 + SLOWER)}``, in config order.
+    "slower" (the paired ratio, else the ratio, > 1 + SLOWER, on a config whose replays were not disturbed),
+    "disturbed" (a row of the config is ``_disturbed``: its times say little either way)}``, in config order.
     ``resolved_ratio`` tells a wrong choice (above 1 + SLOWER too) from the noise between two timings
     of the same kernel (within it)."""
     times: dict[tuple, dict[str, float]] = {}
     resolved: dict[tuple, str | None] = {}
     paired: dict[tuple, dict] = {}
+    disturbed = {_config(row) for row in run["rows"] if _disturbed(row)}
     for row in run["rows"]:
         if _default_path(row):
             times.setdefault(_config(row), {})[row["pipeline"]] = float(row["us"])
@@ -386,7 +389,8 @@ def verify(run: dict) -> list[dict]:
         out.append({"config": config, "auto_us": auto_us, "resolved": variant, "fastest": fastest, "fastest_us": best,
                     "ratio": auto_us / best, "paired": pair,
                     "resolved_ratio": by_pipeline[variant] / best if variant in by_pipeline else None,
-                    "slower": (pair if pair is not None else auto_us / best) > 1 + SLOWER})
+                    "slower": config not in disturbed and (pair if pair is not None else auto_us / best) > 1 + SLOWER,
+                    "disturbed": config in disturbed})
     return out
 
 
@@ -407,7 +411,8 @@ def print_verify(lines: list[dict], source: str) -> int:
         pair = "-" if line["paired"] is None else f"x{line['paired']:.3f}"
         print(f"  {_config_label(line['config']):<34} auto ({line['resolved'] or '?'}) {line['auto_us']:9.1f} us  "
               f"fastest {line['fastest']} {line['fastest_us']:9.1f} us  medians x{line['ratio']:.3f}  paired {pair}  "
-              f"(its own row {own}){'  SLOWER' if line['slower'] else ''}")
+              f"(its own row {own}){'  SLOWER' if line['slower'] else ''}"
+              f"{'  disturbed (not judged)' if line.get('disturbed') else ''}")
     slow = [line for line in lines if line["slower"]]
     by_medians = [line for line in lines if line["ratio"] > 1 + SLOWER]
     noise = [line for line in slow if line["resolved_ratio"] is not None and line["resolved_ratio"] <= 1 + SLOWER]
@@ -418,8 +423,9 @@ def print_verify(lines: list[dict], source: str) -> int:
         worst_pair = max(with_pair, key=lambda line: line["paired"])
         paired_note = (f"; paired ratios on {len(with_pair)} configs, worst x{worst_pair['paired']:.3f} "
                        f"({_config_label(worst_pair['config'])})")
-    print(f"{source}: {len(lines)} configs with auto and both variants; {len(lines) - len(slow)} within "
-          f"{SLOWER:.0%} of the faster variant, {len(slow)} SLOWER ({len(noise)} of them where the resolved variant's "
+    shaken = sum(1 for line in lines if line.get("disturbed"))
+    print(f"{source}: {len(lines)} configs with auto and both variants ({shaken} disturbed, not judged); "
+          f"{len(lines) - len(slow) - shaken} within {SLOWER:.0%} of the faster variant, {len(slow)} SLOWER ({len(noise)} of them where the resolved variant's "
           f"own row is within {SLOWER:.0%}: the two timings of one kernel differ, not the choice){paired_note}; "
           f"by medians {len(lines) - len(by_medians)} within, worst x{worst['ratio']:.3f} "
           f"({_config_label(worst['config'])})")

@@ -65,8 +65,8 @@ class MLADecodeBase:
     # a shorter run of steady steps goes to the second loop with the rest. Why it may pay: a CTA runs one or
     # two chunks, so each loop body's code is fetched cold about once; with two bodies a short chunk pays the
     # instruction misses twice for a few steps without the per-tile checks. The H100 grids of the
-    # thirty-seventh session (docs/perf-notes.md) have the seesaw 3-10% slower against 2wg with the steady
-    # loop on at 1024-4096 keys with batches 1-32 (chunks of a few pairs) and 7-12% faster on long chunks.
+    # thirty-seventh session (docs/perf-notes.md) have the seesaw's time over 2wg's 3-10% higher with the steady
+    # loop on than without at 1024-4096 keys with batches 1-32 (chunks of a few pairs), 7-12% lower on long chunks.
     # 1: every steady run (the form measured so far); larger values are an A/B (entry_ab
     # ``seesaw-steady-min*``), not yet timed.
     steady_min_steps = 1
@@ -147,6 +147,11 @@ class MLADecodeBase:
         # CTAs per cluster along grid y that share each chunk of the plan and reduce their partial
         # outputs through distributed shared memory (``cluster_epilogue``); 1: one CTA per chunk.
         self.split_cluster = split_cluster
+        # The steady loop only without a split cluster (an opt-in, ``MLA_SPLIT_CLUSTER``): with one the seesaw's
+        # split-8 kernel spilled 2 registers (compile_check, thirty-seventh session), and no grid has timed it there.
+        self.steady_loop = self.steady_loop and split_cluster == 1
+        if self.steady_min_steps < 1:
+            raise ValueError(f"steady_min_steps must be at least 1, got {self.steady_min_steps!r}")
         # CTAs per cluster along grid x (m-blocks of one plan part share every K tile): 1 or 2. Not
         # with a split cluster: the reduction reuses the K stages, which a peer's multicast of the
         # next chunk's tiles could already be filling.

@@ -186,8 +186,9 @@ class MLADecodeSeesaw(MLADecodeBase):
     # P hand-off paths; FlashMLA compiles its last pairs as separate code the same way. Paired on an H100
     # (entry_ab, docs/perf-notes.md, thirty-sixth session; bit-identical): 0.950 / 0.929 and 0.989 / 0.950 at
     # b128 s1 h128 4096, 0.923 / 0.888 at b128 s2 h128 4096. On since the thirty-seventh session (seesaw GPU
-    # tests, memcheck and synccheck clean on it); the H100 grids then had it 7-12% faster against 2wg on long
-    # chunks and 3-10% slower on chunks of a few pairs (``steady_min_steps``).
+    # tests, memcheck and synccheck clean on it); in the H100 grids then, the seesaw's time over 2wg's fell 7-12%
+    # on long chunks and rose 3-10% on chunks of a few pairs (``steady_min_steps``). Not with a split cluster
+    # (``skeleton``: it spilled there).
     steady_loop = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,

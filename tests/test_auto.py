@@ -308,7 +308,8 @@ def test_verify_cli_prints_every_config_and_exits_1_on_a_slower_row(tmp_path, ca
     assert auto.main(["--verify", str(path)]) == 1
     out = capsys.readouterr().out
     assert out.count("SLOWER") == 3  # two lines and the summary
-    assert "4 configs with auto and both variants; 2 within 2% of the faster variant, 2 SLOWER (1 of them" in out
+    assert ("4 configs with auto and both variants (0 disturbed, not judged); 2 within 2% of the faster variant, "
+            "2 SLOWER (1 of them") in out
     assert "bf16 p64 b8 s1 h128 L4096" in out and "auto (2wg)" in out and "fastest 3wg" in out
     good = run_of(row("2wg", 100.0), row("3wg", 120.0), row("auto", 101.0, resolved="2wg"))
     path.write_text(json.dumps(good))
@@ -329,6 +330,26 @@ def test_verify_uses_the_paired_ratio_where_the_run_has_one():
                    row("auto", 101.0, resolved="3wg", paired={"2wg": 1.15, "3wg": 0.99}))
     (line,) = auto.verify(wrong)
     assert line["ratio"] == pytest.approx(1.01) and line["paired"] == 1.15 and line["slower"]
+
+
+def test_verify_does_not_judge_a_disturbed_config():
+    # auto 30% over the faster variant, but 2wg's replays were bimodal: reported, tagged, not SLOWER
+    shaken = run_of(row("2wg", 18.9, us_min=8.6), row("seesaw", 11.8, us_min=10.6),
+                    row("auto", 12.0, us_min=10.4, resolved="seesaw", paired={"2wg": 1.3, "seesaw": 1.0}))
+    (line,) = auto.verify(shaken)
+    assert line["disturbed"] and not line["slower"] and line["paired"] == 1.0
+    steady = run_of(row("2wg", 9.1, us_min=8.7), row("seesaw", 11.8, us_min=10.6),
+                    row("auto", 12.0, us_min=10.4, resolved="seesaw", paired={"2wg": 1.3, "seesaw": 1.0}))
+    (line,) = auto.verify(steady)
+    assert not line["disturbed"] and line["slower"]
+
+
+def test_disturbed_is_a_median_strictly_over_1_4_times_the_fastest_replay():
+    assert not auto._disturbed(row("2wg", 14.0, us_min=10.0))  # exactly 1.4x: kept
+    assert auto._disturbed(row("2wg", 14.01, us_min=10.0))
+    assert not auto._disturbed(row("2wg", 14.0))  # no us_min (older runs): never
+    assert not auto._disturbed(row("2wg", 14.0, us_min=0.0))
+    assert not auto._disturbed(row("2wg", None, us_min=10.0, error="boom"))
 
 
 def test_narrow_keys_of_runs_before_the_narrow_kernel_are_2wgs():

@@ -417,10 +417,13 @@ def test_seesaw_computes_each_exponential_once():
     # 32 exponentials per warpgroup to keep them alive (docs/perf-notes.md, thirty-second session).
     # ``clear_p`` zeroes S once P is in bf16: the kernel then holds each tile's exponentials once. The form that
     # keeps P recomputes at least one tile's 32 (64 more when this test was written, 59 more at dee28ff); the
-    # library's count (72 in the decode kernel at h128 s2 causal, 102 with the split-merge kernels) must not
-    # grow back.
+    # library's count (72 per copy of the iteration in the decode kernel at h128 s2 causal, two copies with the
+    # steady loop) must not grow back.
+    from pipelines.variant_seesaw import MLADecodeSeesaw
+
+    copies = 2 if MLADecodeSeesaw.steady_loop else 1
     exps = {clear: len(re.findall(r"MUFU\.EX2", _seesaw_sass(clear_p=clear))) for clear in (True, False)}
-    assert exps[True] + 32 <= exps[False] and exps[True] <= 72, exps
+    assert exps[True] + 32 <= exps[False] and exps[True] <= 72 * copies, exps
 
 
 @pytest.mark.skipif(compile_check.find_nvdisasm() is None, reason="nvdisasm not installed (test extra)")
@@ -439,6 +442,20 @@ def test_steady_loop_compiles_two_iteration_bodies_without_spills_or_serialized_
     assert counts[True]["hgmma"] > counts[False]["hgmma"], counts  # a second copy of the iteration
     for c in counts.values():
         assert c["spills"] == 0 and c["depbar"] * 8 <= c["hgmma"], counts
+
+
+def test_steady_loop_is_off_with_a_split_cluster_and_needs_one_step():
+    # With a split cluster (opt-in) the seesaw's steady form spilled (split 8: 2 LDL / 2 STL), so those
+    # kernels keep one loop; a threshold below one step would move the second loop's start before the chunk's.
+    from pipelines.variant_seesaw import MLADecodeSeesaw
+
+    assert MLADecodeSeesaw.steady_loop
+    assert MLADecodeSeesaw(cutlass_bf16(), 16, 1, 64, False).steady_loop
+    for c in (2, 4, 8):
+        assert not MLADecodeSeesaw(cutlass_bf16(), 16, 1, 64, False, split_cluster=c).steady_loop
+    low = type("Low", (MLADecodeSeesaw,), {"steady_min_steps": 0})
+    with pytest.raises(ValueError, match="steady_min_steps"):
+        low(cutlass_bf16(), 128, 1, 64, False)
 
 
 def test_2wg_steady_loop_refuses_qk_ahead():
