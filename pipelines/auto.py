@@ -149,12 +149,17 @@ def default_path_times(run: dict) -> dict[tuple, dict[str, float]]:
     """{config: {pipeline: us}} of the run's variant rows on the library's default path (step 1;
     the run's ``auto`` rows are left out: they measure the choice, they do not inform it; so are the
     configs with a disturbed row, ``_disturbed``)."""
-    disturbed = {_config(row) for row in run["rows"] if _disturbed(row)}
+    disturbed = _disturbed_configs(run)
     times: dict[tuple, dict[str, float]] = {}
     for row in run["rows"]:
         if _default_path(row) and row["pipeline"] != AUTO and _config(row) not in disturbed:
             times.setdefault(_config(row), {})[row["pipeline"]] = float(row["us"])
     return times
+
+
+def _disturbed_configs(run: dict) -> set[tuple]:
+    """The configs of ``run`` with a ``_disturbed`` row."""
+    return {_config(row) for row in run["rows"] if _disturbed(row)}
 
 
 def _disturbed(row: dict) -> bool:
@@ -367,7 +372,7 @@ def verify(run: dict) -> list[dict]:
     times: dict[tuple, dict[str, float]] = {}
     resolved: dict[tuple, str | None] = {}
     paired: dict[tuple, dict] = {}
-    disturbed = {_config(row) for row in run["rows"] if _disturbed(row)}
+    disturbed = _disturbed_configs(run)
     for row in run["rows"]:
         if _default_path(row):
             times.setdefault(_config(row), {})[row["pipeline"]] = float(row["us"])
