@@ -430,7 +430,8 @@ def print_verify(lines: list[dict], source: str) -> int:
                        f"({_config_label(worst_pair['config'])})")
     shaken = sum(1 for line in lines if line.get("disturbed"))
     print(f"{source}: {len(lines)} configs with auto and both variants ({shaken} disturbed, not judged); "
-          f"{len(lines) - len(slow) - shaken} within {SLOWER:.0%} of the faster variant, {len(slow)} SLOWER ({len(noise)} of them where the resolved variant's "
+          f"{len(lines) - len(slow) - shaken} within {SLOWER:.0%} of the faster variant, {len(slow)} SLOWER "
+          f"({len(noise)} of them where the resolved variant's "
           f"own row is within {SLOWER:.0%}: the two timings of one kernel differ, not the choice){paired_note}; "
           f"by medians {len(lines) - len(by_medians)} within, worst x{worst['ratio']:.3f} "
           f"({_config_label(worst['config'])})")
