@@ -686,6 +686,17 @@ class MLADecodeBase:
         cute.arch.barrier(barrier_id=barrier_id, number_of_threads=128)
 
     @cute.jit
+    def zero_tail_v_rows(self, sK: cute.Tensor, stage: Int32, valid, col0: cutlass.Constexpr[int],
+                         ncols: cutlass.Constexpr[int], wg_tidx: Int32, barrier_id: cutlass.Constexpr[int],
+                         steady: cutlass.Constexpr[bool] = False):
+        """``zero_v_rows`` of the tile in ``stage`` where it is the request's tail: ``valid`` (seqlen - tile * 64,
+        the keys left from its first row) below 64 zeroes rows [valid, 64); nothing where the caller knows the
+        tile is whole (``steady``)."""
+        if const_expr(not steady):
+            if valid < BLOCK_N:
+                self.zero_v_rows(sK, stage, valid, col0, ncols, wg_tidx, barrier_id)
+
+    @cute.jit
     def store_rows(self, acc: cute.Tensor, tiled_mma: cute.TiledMma, wg_tidx: Int32, row_inv: cute.Tensor,
                    row_lse: cute.Tensor, write_lse: cutlass.Constexpr[bool], col0: cutlass.Constexpr[int],
                    m_block: Int32, kv_head: Int32, r: Int32, is_split, split_idx: Int32, mO: cute.Tensor,

@@ -341,10 +341,7 @@ class MLADecode2WG(MLADecodeBase):
         else:
             self.hand_p_to_wg1(rP, tPsP, tScS, row_scale, s_row_scale, wg_tidx)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-        valid = seqlen - blk * BLOCK_N
-        if const_expr(not steady):
-            if valid < BLOCK_N:
-                self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, BAR_WG0)
+        self.zero_tail_v_rows(sK, k_state.index, seqlen - blk * BLOCK_N, 0, HALF, wg_tidx, BAR_WG0, steady)
         return rP
 
     @cute.jit
@@ -563,10 +560,7 @@ class MLADecode2WG(MLADecodeBase):
                         row_scale[i] = s_row_scale[tOcO[i, 0][0]]
                     softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
                     self.k_wait(pipe_k, k_state, self.wg1_group())
-                    valid = seqlen - blk * BLOCK_N
-                    if const_expr(not steady):
-                        if valid < BLOCK_N:
-                            self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, BAR_WG1)
+                    self.zero_tail_v_rows(sK, k_state.index, seqlen - blk * BLOCK_N, HALF, HALF, wg_tidx, BAR_WG1, steady)
                     self.issue_pv(acc_o, tOrP, tOrV, k_state.index)
                     if const_expr(self.qk_ahead and self.qk_ahead_waits_pv):
                         if blk + self.split_cluster < stop:  # WG0 issues the next QK behind this P.V

@@ -354,11 +354,9 @@ class MLADecode2WGNarrow(MLADecode2WG):
                 # The query rows are O^T's columns: the row helper on the transposed view.
                 softmax.rescale_rows_if_needed(layouts.transposed(acc_mn), col_scale)
                 self.loader.consumer_wait(pipe_k, k_state)
-                valid = seqlen - blk * BLOCK_N
-                if valid < BLOCK_N:
-                    # Past the end P is 0 but the cache slots may hold NaN (0 * NaN = NaN): zero those V
-                    # rows. WG0's S^T of this stage is complete (P_FULL).
-                    self.zero_v_rows(sK, k_state.index, valid, 0, HEAD_DIM_V, wg_tidx, BAR_WG1)
+                # Past the end P is 0 but the cache slots may hold NaN (0 * NaN = NaN): zero those V rows of
+                # the request's tail tile. WG0's S^T of this stage is complete (P_FULL).
+                self.zero_tail_v_rows(sK, k_state.index, seqlen - blk * BLOCK_N, 0, HEAD_DIM_V, wg_tidx, BAR_WG1)
                 self.issue_ot(acc_ot, tOrV, tOrP, k_state.index)
                 warpgroup.wait_group(0)
                 cute.arch.barrier_arrive(barrier_id=BAR_P_EMPTY, number_of_threads=256)

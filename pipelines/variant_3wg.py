@@ -272,9 +272,8 @@ class MLADecode3WG(MLADecodeBase):
                 k_next.advance()
                 has_next = blk + self.split_cluster < stop
                 softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-                valid = seqlen - blk * BLOCK_N
-                if valid < BLOCK_N:  # the request's last tile: never has a next tile in this chunk
-                    self.zero_v_rows(sK, k_state.index, valid, 0, HALF, wg_tidx, int(Bar.QK_WG))
+                # (only the request's last tile has rows to zero: it never has a next tile in this chunk)
+                self.zero_tail_v_rows(sK, k_state.index, seqlen - blk * BLOCK_N, 0, HALF, wg_tidx, int(Bar.QK_WG))
                 # Has tile blk+1 landed? (non-blocking; a stale "true" is impossible: the stage's
                 # phase cannot flip back before this warpgroup releases it.) The two branches issue
                 # different wgmma sequences, so all four warps must take the same one: test_wait is
@@ -355,9 +354,7 @@ class MLADecode3WG(MLADecodeBase):
                     row_scale[i] = s_row_scale[tOcO[i, 0][0]]
                 softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
                 self.loader.consumer_wait(pipe_k, k_state)  # already full: WG1 scored this tile
-                valid = seqlen - blk * BLOCK_N
-                if valid < BLOCK_N:
-                    self.zero_v_rows(sK, k_state.index, valid, HALF, HALF, wg_tidx, int(Bar.PV_WG))
+                self.zero_tail_v_rows(sK, k_state.index, seqlen - blk * BLOCK_N, HALF, HALF, wg_tidx, int(Bar.PV_WG))
                 self.issue_pv(acc_o, tOrP, tOrV, k_state.index)
                 warpgroup.wait_group(0)
                 p_empty.arrive()

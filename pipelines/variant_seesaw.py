@@ -712,9 +712,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         stage_b = b0.index
         valid1 = seqlen - t1 * BLOCK_N
         self.loader.consumer_wait(pipe_g0, b0)
-        if const_expr(not steady):
-            if valid1 < BLOCK_N:
-                self.zero_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0))
+        self.zero_tail_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0), steady)
         # O_L += P1.V_L(t1) (SS, P1 from smem); the next pair's QK goes right behind it. Each branch
         # issues and retires its own wgmma groups (a group in flight across a branch makes ptxas
         # serialize every wgmma).
@@ -787,9 +785,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.clear_s(acc_s)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
         valid0 = seqlen - t0 * BLOCK_N
-        if const_expr(not steady):
-            if valid0 < BLOCK_N:
-                self.zero_v_rows(sK, stage_a, valid0, 0, HALF, wg_tidx, int(Bar.WG0))
+        self.zero_tail_v_rows(sK, stage_a, valid0, 0, HALF, wg_tidx, int(Bar.WG0), steady)
         self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_a, True)
         warpgroup.commit_group()
         self.mark(3, wg_tidx, full)
@@ -855,12 +851,10 @@ class MLADecodeSeesaw(MLADecodeBase):
         tile_max = cute.make_rmem_tensor_like(row_max)
         if const_expr(self.wg1_max_ahead):
             # S1's row maxima while WG0 runs its softmax: after M0 only m1 = max(m0, them) and the exponentials.
-            if const_expr(steady):
-                softmax.tile_row_max(layouts.acc_mn_view(acc_s), tile_max, self.softmax_tree)
-            else:
-                if has_t1:
+            if has_t1:
+                if const_expr(not steady):
                     self.mask_tile(acc_s, t1, seqlen, row_limit, tScS)
-                    softmax.tile_row_max(layouts.acc_mn_view(acc_s), tile_max, self.softmax_tree)
+                softmax.tile_row_max(layouts.acc_mn_view(acc_s), tile_max, self.softmax_tree)
         self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
         self.mark(13, wg_tidx, full)
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
@@ -884,9 +878,7 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.clear_s(acc_s)
             softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
             valid1 = seqlen - t1 * BLOCK_N
-            if const_expr(not steady):
-                if valid1 < BLOCK_N:
-                    self.zero_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1))
+            self.zero_tail_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1), steady)
             self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_b, True)
             warpgroup.commit_group()
             self.mark(20, wg_tidx, full)
@@ -899,9 +891,7 @@ class MLADecodeSeesaw(MLADecodeBase):
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
             self.mark(14, wg_tidx, full)
             self.loader.consumer_wait(pipe_g1, a1)
-            if const_expr(not steady):
-                if valid0 < BLOCK_N:
-                    self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
+            self.zero_tail_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1), steady)
             self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
             warpgroup.commit_group()
             if const_expr(self.early_p_fence):
@@ -950,8 +940,7 @@ class MLADecodeSeesaw(MLADecodeBase):
             softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
             self.loader.consumer_wait(pipe_g1, a1)
-            if valid0 < BLOCK_N:
-                self.zero_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
+            self.zero_tail_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1))
             self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
             warpgroup.commit_group()
             warpgroup.wait_group(0)
