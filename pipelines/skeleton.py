@@ -596,24 +596,14 @@ class MLADecodeBase:
                 row_limit[i] = seqlen - (self.s_q - 1 - s_idx)
         return row_limit
 
-    def loop_parts(self) -> int:
-        """How many loops a chunk's steps run in: 2 with ``steady_loop`` (the steady ones first), else 1."""
-        return 2 if self.steady_loop else 1
-
-    @cute.jit
-    def steady_split(self, start, stop, seqlen):
-        """The variant's ``steady_stop`` of the chunk with ``steady_loop``, else ``start`` (no steady loop)."""
-        out = start
-        if const_expr(self.steady_loop):
-            out = self.steady_stop(start, stop, seqlen)
-        return out
-
-    def steady_part(self, part: int, start, stop, steady_stop):
-        """Loop ``part``'s bounds and whether it is the steady one: (start, steady_stop, True) then (steady_stop,
-        stop, False) with ``steady_loop``, else (start, stop, False)."""
+    def steady_loops(self, start, stop, seqlen):
+        """A chunk's loops over its steps as (lo, hi, steady), for a static ``for`` (traced once per loop): with
+        ``steady_loop`` the steady run [start, steady_stop) (the variant's ``steady_stop``) then the rest, else
+        the one loop [start, stop)."""
         if not self.steady_loop:
-            return start, stop, False
-        return (start, steady_stop, True) if part == 0 else (steady_stop, stop, False)
+            return ((start, stop, False),)
+        mid = self.steady_stop(start, stop, seqlen)
+        return ((start, mid, True), (mid, stop, False))
 
     def unless_steady(self, steady: bool, cond):
         """``cond`` (a per-step condition the steady loop's steps all meet) in the second loop, a constant True in

@@ -363,9 +363,7 @@ class MLADecode2WG(MLADecodeBase):
                   acc_o_mn, row_max, row_sum, row_scale, s_row_scale, sK, pipe_k, k_state, scale_log2):
         """WG0's tiles of one chunk: per tile, the stage wait, QK, softmax and P for WG1, its P.V, the stage
         release. Returns the consumer state past the chunk."""
-        steady_stop = self.steady_split(start, stop, seqlen)
-        for part in cutlass.range_constexpr(self.loop_parts()):
-            lo, hi, steady = self.steady_part(part, start, stop, steady_stop)
+        for lo, hi, steady in self.steady_loops(start, stop, seqlen):
             for blk in cutlass.range(lo, hi, self.split_cluster, unroll=1):
                 acc_s = cute.make_rmem_tensor(thr_qk.partition_shape_C((BLOCK_M, BLOCK_N)), Float32)
                 self.wg0_qk(acc_s, tSrQ, tSrK, pipe_k, k_state)
@@ -540,9 +538,7 @@ class MLADecode2WG(MLADecodeBase):
             acc_o.fill(0.0)
             acc_o_mn = layouts.acc_mn_view(acc_o)
             row_scale = cute.make_rmem_tensor(n_rows_thr, Float32)
-            steady_stop = self.steady_split(start, stop, seqlen)
-            for part in cutlass.range_constexpr(self.loop_parts()):
-                lo, hi, steady = self.steady_part(part, start, stop, steady_stop)
+            for lo, hi, steady in self.steady_loops(start, stop, seqlen):
                 for blk in cutlass.range(lo, hi, self.split_cluster, unroll=1):
                     if const_expr(self.prefetches_l2()):
                         # The tile to prefetch and this warp's page id of it, read now like next_page and

@@ -366,9 +366,7 @@ class MLADecodeSeesaw(MLADecodeBase):
             # With ``steady_loop`` the chunk's pairs run in two loops: first the steady ones (``steady_stop``: a
             # t1, a whole next pair, no tile needing a mask or zeroed V rows), traced with those checks left out,
             # then the rest with them.
-            steady_stop = self.steady_split(start, stop, seqlen)
-            for part in cutlass.range_constexpr(self.loop_parts()):
-                lo, hi, steady = self.steady_part(part, start, stop, steady_stop)
+            for lo, hi, steady in self.steady_loops(start, stop, seqlen):
                 for t0 in cutlass.range(lo, hi, 2 * C, unroll=1):
                     t1 = t0 + C
                     has_t1 = self.unless_steady(steady, t1 < stop)
