@@ -67,8 +67,7 @@ class MLADecodeBase:
     # instruction misses twice for a few steps without the per-tile checks. The H100 grids of the
     # thirty-seventh session (docs/perf-notes.md) have the seesaw's time over 2wg's 3-10% higher with the steady
     # loop on than without at 1024-4096 keys with batches 1-32 (chunks of a few pairs), 7-12% lower on long chunks.
-    # 1: every steady run (the form measured so far); larger values are an A/B (entry_ab
-    # ``seesaw-steady-min*``), not yet timed.
+    # 1: every steady run; the seesaw sets 2 (measured there, thirty-eighth session).
     steady_min_steps = 1
     # 16-byte stores of O into 16-bit destinations (store_rows_16). A class constant like lazy_rescale
     # (False: one store per fragment pair, the form before; kept for the A/B).

@@ -191,6 +191,12 @@ class MLADecodeSeesaw(MLADecodeBase):
     # on long chunks and rose 3-10% on chunks of a few pairs (``steady_min_steps``). Not with a split cluster
     # (``skeleton``: it spilled there).
     steady_loop = True
+    # ... and only where a chunk has at least two steady pairs: a chunk of one steady pair runs the one general
+    # loop. Paired on an H100 (entry_ab, docs/perf-notes.md, thirty-eighth session; bit-identical), over the
+    # threshold 1: 0.975-0.976 at b8 s1 h64 4096 and b32 s1 h64 1024, 0.994-0.996 at b8 s1 h128 1024, 0.992-0.997
+    # at b32 s2 h128 4096, 0.998-1.007 on long chunks (b128 s2 h128 4096, b128 s1 h128 16384). Thresholds 4 and 8
+    # measured too: no better overall (4: 1.006-1.014 at b32 s1 h64 1024).
+    steady_min_steps = 2
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):

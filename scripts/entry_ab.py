@@ -99,7 +99,9 @@ MODES = {
     # the chunk's steady pairs in a loop of their own, compiled without the per-tile checks
     "seesaw-steady": ("seesaw", dict(steady_loop=True), True),
     "seesaw-unsteady": ("seesaw", dict(steady_loop=False), True),  # the baseline once steady_loop is the default
-    # the steady loop only where it covers at least 2 / 4 / 8 pairs (skeleton.steady_min_steps)
+    # the steady loop only where it covers at least 1 / 2 / 4 / 8 pairs (skeleton.steady_min_steps; the seesaw's
+    # default is 2 since the thirty-eighth session)
+    "seesaw-steady-min1": ("seesaw", dict(steady_min_steps=1), True),
     "seesaw-steady-min2": ("seesaw", dict(steady_min_steps=2), True),
     "seesaw-steady-min4": ("seesaw", dict(steady_min_steps=4), True),
     "seesaw-steady-min8": ("seesaw", dict(steady_min_steps=8), True),
