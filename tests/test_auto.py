@@ -366,3 +366,12 @@ def test_narrow_keys_of_runs_before_the_narrow_kernel_are_2wgs():
         assert {e["pipeline"] for e in auto.derive(run)} == {"3wg"}
     # one old and one new run measured the key: the new one's kernel is in the data, no override
     assert {e["pipeline"] for e in auto.derive([dict(old, **run_of(*rows)), dict(new, **run_of(*rows))])} == {"3wg"}
+
+
+def test_help_renders_the_slower_threshold(capsys):
+    # argparse %-formats help strings: a bare "2% slower" once printed the action's dict in its place
+    with pytest.raises(SystemExit) as exc:
+        auto.main(["--help"])
+    assert exc.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"more than {auto.SLOWER * 100:.0f}% slower" in out and "option_strings" not in out
