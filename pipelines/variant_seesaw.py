@@ -52,8 +52,8 @@ splits WG0's QK(t0') to release G0 of t1 between its halves. Without a multicast
 (H100, paired with FlashMLA and 2wg, docs/perf-notes.md, thirty-fourth session): 3-6% faster than 2wg on long
 requests at 128 and 256 rows (b128 s2 h128 4096, b128 s1 / s2 h128 16384), 2% slower at b128 s1 h128 4096 and
 3-12% slower on short requests and at 64 rows. ``auto`` picks it where full-grid runs measured it faster
-(``pipelines/auto_table.py``: 42 of 370 keys, from H100 runs with the steady loop, docs/perf-notes.md,
-thirty-seventh session).
+(``pipelines/auto_table.py``: 42 of 372 keys, from H100 runs with the steady loop, docs/perf-notes.md,
+thirty-eighth session).
 
 Named barriers (``Bar``, 256 threads unless noted): M0 (WG0 -> WG1: m0 written), M1 (WG1 -> WG0: m1
 written), P0 (WG0 -> WG1: P0 relative to m1 in smem), P1 (WG1 -> WG0: P1 in smem, WG1's P.Vs issued; only
