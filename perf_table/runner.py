@@ -323,8 +323,9 @@ def device_slug(name: str) -> str:
 def git_info(repo_root: pathlib.Path = REPO_ROOT, override: str | None = None) -> dict:
     """Commit and dirty flag of the checkout; ``override`` names the commit where git is absent.
 
-    The GPU machine gets a copy of the working tree without .git, hence the override (--commit).
-    ``dirty`` is None when it cannot be known.
+    The GPU machine gets a copy of the working tree, with no .git or with a .git that can lag the tree (a
+    session's later commits did not reach it: it named the session's first HEAD, dirty), hence the override
+    (--commit), which wins wherever HEAD is not that commit. ``dirty`` is None when it cannot be known.
     """
     def git(*args):
         return subprocess.run(["git", "-C", str(repo_root), *args], capture_output=True, text=True,
@@ -430,6 +431,9 @@ def main(quick: bool = False, pipeline: str | list[str] | None = None, out: str 
         f"{' (dirty)' if git['dirty'] else ''}, torch {versions['torch']} CUDA {versions['cuda']}, "
         f"CuTe DSL {versions['cutlass_dsl']}; {len(plan)} configs ({'quick' if quick else 'full'}), "
         f"{replays} replays each{', eager calls timed' if eager else ''} -> {path}")
+    if git["dirty"]:
+        log(f"perf_table: warning: the checkout differs from its HEAD {git['short']}, which the run records; "
+            "pass --commit to name the code that runs")
 
     roofline = bench.measure_roofline()
     log(f"roofline: copy {roofline['copy_gbps']:.0f} GB/s (read+write), "
