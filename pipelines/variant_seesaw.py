@@ -49,9 +49,9 @@ copies need the producer threads' registers) the scoring warpgroups load instead
 every G1, each group by the warpgroup that finishes with it last. With the producer, ``early_releases``
 splits WG0's QK(t0') to release G0 of t1 between its halves. Without a multicast cluster
 (``multicast_cluster``), so each group of a tile is one 4-D TMA copy (``kv_wide_boxes``). Where it stands
-(H100, paired with FlashMLA and 2wg, docs/perf-notes.md, thirty-fourth session): 3-6% faster than 2wg on long
-requests at 128 and 256 rows (b128 s2 h128 4096, b128 s1 / s2 h128 16384), 2% slower at b128 s1 h128 4096 and
-3-12% slower on short requests and at 64 rows. ``auto`` picks it where full-grid runs measured it faster
+(three H100 page-64 grids at 66e0995, docs/perf-notes.md, thirty-eighth session; time over 2wg's): 0.86-0.92 at
+256 rows with b64-b128 and 4096-16384 keys, 0.91-0.92 at 128 rows with b128 and 16384 keys, 0.99 at 4096, 1.08-1.09
+at 1024; up to 1.22-1.24 on short requests (b <= 32, <= 4096 keys) and at 64 rows. ``auto`` picks it where full-grid runs measured it faster
 (``pipelines/auto_table.py``: 42 of 372 keys, from H100 runs with the steady loop, docs/perf-notes.md,
 thirty-eighth session).
 
