@@ -107,6 +107,10 @@ MODES = {
     "seesaw-steady-min8": ("seesaw", dict(steady_min_steps=8), True),
     # (the 64-row kernel's loops only: at <= 32 rows per kv head the narrow kernel has no steady split)
     "2wg-steady": ("2wg", dict(steady_loop=True), True),
+    # and only where it covers at least 2 / 4 / 8 tiles (2wg's steps are tiles)
+    "2wg-steady-min2": ("2wg", dict(steady_loop=True, steady_min_steps=2), True),
+    "2wg-steady-min4": ("2wg", dict(steady_loop=True, steady_min_steps=4), True),
+    "2wg-steady-min8": ("2wg", dict(steady_loop=True, steady_min_steps=8), True),
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 
