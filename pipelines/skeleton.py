@@ -616,8 +616,8 @@ class MLADecodeBase:
         the per-tile checks (``steady_loop``): step x (x = start, start + step, ...) is steady when its last tile
         x + last_offset ends at or below every row's key limit (tile + 1 <= (seqlen - (s_q - 1)) // BLOCK_N: no
         key masked, no V row past seqlen; its earlier tiles then neither) and x + ahead < stop (whatever the step
-        issues for later tiles exists). Returns the first step past the steady run (``start`` if none, or if the run has fewer than
-        ``steady_min_steps`` steps)."""
+        issues for later tiles exists). Returns the first step past the steady run (``start`` if none, or if the
+        run has fewer than ``steady_min_steps`` steps)."""
         full_tiles = cutlass.max(seqlen - (self.s_q - 1), 0) // BLOCK_N
         last = cutlass.min(full_tiles - last_offset - 1, stop - ahead - 1)  # the last steady step, if >= start
         out = start

@@ -556,7 +556,8 @@ class MLADecode2WG(MLADecodeBase):
                         row_scale[i] = s_row_scale[tOcO[i, 0][0]]
                     softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
                     self.k_wait(pipe_k, k_state, self.wg1_group())
-                    self.zero_tail_v_rows(sK, k_state.index, seqlen - blk * BLOCK_N, HALF, HALF, wg_tidx, BAR_WG1, steady)
+                    self.zero_tail_v_rows(sK, k_state.index, seqlen - blk * BLOCK_N, HALF, HALF, wg_tidx, BAR_WG1,
+                                          steady)
                     self.issue_pv(acc_o, tOrP, tOrV, k_state.index)
                     if const_expr(self.qk_ahead and self.qk_ahead_waits_pv):
                         if blk + self.split_cluster < stop:  # WG0 issues the next QK behind this P.V

@@ -12,8 +12,8 @@ from pipelines import auto
 
 def row(pipeline, us, *, page=64, b=128, s_q=1, h_q=128, seqlen=4096, varlen=False, multicast=None, error=None,
         resolved=None, paired=None, us_min=None):
-    r = {"pipeline": pipeline, "us": us, "us_min": us_min, "dtype": "bf16", "page_size": page, "b": b, "s_q": s_q, "h_q": h_q,
-         "seqlen": seqlen, "varlen": varlen, "multicast": multicast, "error": error}
+    r = {"pipeline": pipeline, "us": us, "us_min": us_min, "dtype": "bf16", "page_size": page, "b": b, "s_q": s_q,
+         "h_q": h_q, "seqlen": seqlen, "varlen": varlen, "multicast": multicast, "error": error}
     if resolved is not None:
         r["resolved"] = resolved
     if paired is not None:
