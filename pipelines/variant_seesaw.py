@@ -197,14 +197,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # at b32 s2 h128 4096, 0.998-1.007 on long chunks (b128 s2 h128 4096, b128 s1 h128 16384). Thresholds 4 and 8
     # measured too: no better overall (4: 1.006-1.014 at b32 s1 h64 1024).
     steady_min_steps = 2
-    # The first pair of a chunk loaded in tile order (G0 of t0, G1 of t0, G0 of t1, G1 of t1) instead of the
-    # order the iteration frees the groups (``produce_pairs``), and (``head_l2_ahead`` off) without its L2
-    # prefetch of the next pair. Why: every CTA loads Q and its first tiles at once at the kernel's start, and
-    # the first QK, which needs all of t0, waited about 12000 cycles at b32 s2 h128 1024 (Q landed at 8600,
-    # ``seesaw_timeline.py``, thirty-third session) behind G1 of t1 and two prefetched tiles. A/B constants
-    # (entry_ab modes ``seesaw-head-order``, ``seesaw-head-no-l2``).
-    head_tile_order = False
-    head_l2_ahead = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -483,21 +475,15 @@ class MLADecodeSeesaw(MLADecodeBase):
                 page1 = self.loader.page_id(mBlockTable, r, t1, seqlen, wg_tidx)
                 q1 = p1.clone()
                 q1.advance()
-                if const_expr(self.head_tile_order):
-                    if t0 == start:
-                        # (the same pipeline states as below, issued in tile order)
-                        self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head,
-                                           wg_tidx, page0, G1_COLS)
-                        self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t1, seqlen, kv_head,
-                                           wg_tidx, page1, G0_COLS)
-                        self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head,
-                                           wg_tidx, page1, G1_COLS)
-                    else:
-                        self.produce_pair_rest(tma_k, mK, sK, mBlockTable, pipe_g0, pipe_g1, p0, p1, q1, r, t0,
-                                               t1, seqlen, kv_head, wg_tidx, page0, page1, loads_of_full)
-                else:
-                    self.produce_pair_rest(tma_k, mK, sK, mBlockTable, pipe_g0, pipe_g1, p0, p1, q1, r, t0, t1,
-                                           seqlen, kv_head, wg_tidx, page0, page1, loads_of_full)
+                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx,
+                                   page1, G1_COLS)
+                self.mark(45, wg_tidx, loads_of_full)
+                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
+                                   page0, G1_COLS)
+                self.mark(46, wg_tidx, loads_of_full)
+                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t1, seqlen, kv_head, wg_tidx,
+                                   page1, G0_COLS)
+                self.mark(47, wg_tidx, loads_of_full)
                 p0.advance()
                 p1.advance()
                 p1.advance()
@@ -508,24 +494,10 @@ class MLADecodeSeesaw(MLADecodeBase):
             if const_expr(self.l2_ahead):
                 for ahead in cutlass.range_constexpr(2):
                     blk = t0 + (2 + ahead) * C
-                    if const_expr(not self.head_l2_ahead):
-                        if t0 == start:
-                            blk = stop  # the chunk's first pair prefetches nothing
                     if blk < stop:
                         page_ahead = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
                         self.loader.prefetch_tile(tma_k, mK, sK, blk, kv_head, page_ahead, wg_tidx)
         return p0, p1
-
-    @cute.jit
-    def produce_pair_rest(self, tma_k, mK, sK, mBlockTable, pipe_g0, pipe_g1, p0, p1, q1, r, t0, t1, seqlen, kv_head,
-                          wg_tidx, page0, page1, loads_of_full):
-        """A pair's loads after G0 of t0, in the order the iteration frees the groups (``produce_pairs``)."""
-        self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx, page1, G1_COLS)
-        self.mark(45, wg_tidx, loads_of_full)
-        self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx, page0, G1_COLS)
-        self.mark(46, wg_tidx, loads_of_full)
-        self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t1, seqlen, kv_head, wg_tidx, page1, G0_COLS)
-        self.mark(47, wg_tidx, loads_of_full)
 
     @cute.jit
     def produce_group(self, tma_k, mK, sK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, wg_tidx, page, cols):

@@ -101,9 +101,6 @@ MODES = {
     "seesaw-unsteady": ("seesaw", dict(steady_loop=False), True),  # the baseline once steady_loop is the default
     # the steady loop only where it covers at least 1 / 2 / 4 / 8 pairs (skeleton.steady_min_steps; the seesaw's
     # default is 2 since the thirty-eighth session)
-    "seesaw-head-order": ("seesaw", dict(head_tile_order=True), True),  # a chunk's first pair in tile order
-    "seesaw-head-no-l2": ("seesaw", dict(head_l2_ahead=False), True),  # ... without its L2 prefetch
-    "seesaw-head-both": ("seesaw", dict(head_tile_order=True, head_l2_ahead=False), True),
     "seesaw-steady-min1": ("seesaw", dict(steady_min_steps=1), True),
     "seesaw-steady-min2": ("seesaw", dict(steady_min_steps=2), True),
     "seesaw-steady-min4": ("seesaw", dict(steady_min_steps=4), True),
