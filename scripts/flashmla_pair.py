@@ -123,7 +123,9 @@ def main(argv=None) -> int:
         for name, fn in fns.items():  # capture_graph calls fn eagerly first: each out holds its result
             with runner.multicast_env(False if name == "ours-mc-off" else None):
                 graphs[name] = bench.capture_graph(fn, runner.WARMUP_REPLAYS)
-        row = dict(config=[cfg.page_size, cfg.b, cfg.s_q, cfg.h_q, cfg.seqlen, int(cfg.varlen)])
+        # ours_ran: the variant "ours" ran (what ``auto`` resolved to for this config)
+        row = dict(config=[cfg.page_size, cfg.b, cfg.s_q, cfg.h_q, cfg.seqlen, int(cfg.varlen)],
+                   ours_ran=getattr(fns["ours"], "variant", args.variant))
         for name, out in outs.items():
             row[f"maxdiff_{name}"] = (out.float() - ref.float()).abs().max().item()
         rows.append(row)
@@ -152,7 +154,8 @@ def main(argv=None) -> int:
     if args.json:
         header = dict(device=torch.cuda.get_device_name(0), date=time.strftime("%Y-%m-%d", time.gmtime()),
                       commit=runner.git_info(override=args.commit)["short"],
-                      flashmla=getattr(flash_mla, "__version__", "unknown"), replays=args.replays)
+                      flashmla=getattr(flash_mla, "__version__", "unknown"), replays=args.replays,
+                      variant=args.variant)
         pathlib.Path(args.json).write_text(json.dumps(dict(header, rows=rows), indent=1))
     return 0 if summary["timed"] == len(rows) else 1
 

@@ -803,10 +803,31 @@ def test_regenerate_shows_flashmla_paired_runs(fixture_results, tmp_path):
     readme = (out / "README.md").read_text()
     h200 = readme.split("## NVIDIA H200")[1]
     geo = (250 / 240 * 40 / 45) ** 0.5
-    assert (f"| nvidia-h200_2026-11-26_abc1234_flashmla.json | 2026-11-26 | abc1234 | 9241ae3 | 2 of 3 | {geo:.3f} | 1 "
-            f"| 0.889 |\n") in h200
-    assert "| nvidia-h200_2026-11-26_abc1234_flashmla.json | 32 | 2 | 128 | 1024 | 40.0 | 45.0 | 0.889 |\n" in h200
+    assert (f"| nvidia-h200_2026-11-26_abc1234_flashmla.json | 2026-11-26 | abc1234 | 9241ae3 | 2wg | 2 of 3 | {geo:.3f} "
+            f"| 1 | 0.889 |\n") in h200
+    assert "| nvidia-h200_2026-11-26_abc1234_flashmla.json | 32 | 2 | 128 | 1024 | 40.0 | 45.0 | 2wg | 0.889 |\n" in h200
     assert "FlashMLA paired" not in readme.split("## NVIDIA H200")[0].split("## NVIDIA H100")[1]  # H100: no file
+
+
+def test_paired_files_name_the_pipeline_timed_as_ours(fixture_results, tmp_path):
+    """A paired file of ``--variant auto`` says so in its line, and its lowest configs name the variant auto ran
+    (``ours_ran``); a file without the field timed 2wg (the script's default before it recorded it)."""
+    paired = tmp_path / "paired"
+    paired.mkdir()
+    rows = [dict(config=[64, 32, 2, 128, 1024, 0], maxdiff_ours=6e-5, flash_us=40.0, ours_us=44.0, ours_ran="2wg"),
+            dict(config=[64, 128, 2, 128, 4096, 0], maxdiff_ours=6e-5, flash_us=480.0, ours_us=450.0,
+                 ours_ran="seesaw")]
+    data = dict(device="NVIDIA H200", date="2026-11-27", commit="abc1234", flashmla="9241ae3", replays=100,
+                variant="auto", rows=rows)
+    (paired / "nvidia-h200_2026-11-27_abc1234_flashmla.json").write_text(json.dumps(data))
+    out = tmp_path / "out"
+    out.mkdir()
+    regenerate.regenerate(fixture_results, out_dir=out, log=lambda _: None, plots=False)
+    h200 = (out / "README.md").read_text().split("## NVIDIA H200")[1]
+    assert "| nvidia-h200_2026-11-27_abc1234_flashmla.json | 2026-11-27 | abc1234 | 9241ae3 | auto | 2 of 2 |" in h200
+    assert "| nvidia-h200_2026-11-27_abc1234_flashmla.json | 32 | 2 | 128 | 1024 | 40.0 | 44.0 | 2wg | 0.909 |\n" in h200
+    assert "| 128 | 2 | 128 | 4096 | 480.0 | 450.0 | seesaw | 1.067 |\n" in h200
+    assert regenerate.paired_variant({"rows": []}) == "2wg"
 
 
 def test_auto_rows_pair_with_every_default_path_variant():
