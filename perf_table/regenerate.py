@@ -117,12 +117,14 @@ def _paired_section(paired: list[tuple[str, dict]]) -> list[str]:
     lowest = []
     for name, data in paired:
         summary = paired_summary(data["rows"])
+        variant = paired_variant(data)
         lines.append(f"| {name} | {data.get('date', '-')} | {data.get('commit', '-')} | {data.get('flashmla', '-')} "
-                     f"| {paired_variant(data)} | {summary['timed']} of {len(data['rows'])} | {_fmt(summary['geomean'], '.3f')} "
+                     f"| {variant} | {summary['timed']} of {len(data['rows'])} | {_fmt(summary['geomean'], '.3f')} "
                      f"| {summary['below']} | {_fmt(summary['lowest'], '.3f')} |")
         for r, x in sorted(paired_ratios(data["rows"]), key=lambda t: t[1])[:5]:
             _, b, s_q, h_q, seqlen, varlen = r["config"]
-            ran = r.get("ours_ran", "-" if paired_variant(data) == "auto" else paired_variant(data))
+            # (auto's files before ``ours_ran`` do not say which variant each config ran)
+            ran = r.get("ours_ran", "-" if variant == "auto" else variant)
             lowest.append(f"| {name} | {b} | {s_q} | {h_q} | {seqlen}{' varlen' if varlen else ''} | "
                           f"{r['flash_us']:.1f} | {r['ours_us']:.1f} | {ran} | {x:.3f} |")
     return [*lines, "", "Lowest paired configs (page 64):", "",
