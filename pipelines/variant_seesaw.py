@@ -212,9 +212,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # (``wg0_tail_g0_ahead``), so that they run while WG0 would idle and the tensor pipe has only WG1's P.V of t1.
     # A class constant (an A/B sets it).
     qk_g0_ahead = False
-    # WG1 arrives on P1 as soon as P1 is stored, before its P0 wait and its P.V of t0, so that WG0's P.V of t1 can go
-    # into the tensor pipe ahead of WG1's P.V of t0. A class constant (an A/B sets it).
-    p1_early = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -1038,10 +1035,8 @@ class MLADecodeSeesaw(MLADecodeBase):
             # P1 to smem for WG0 while that P.V runs (it reads rP only). sP is free: WG0's P.V that read the
             # previous P1 retired before WG0 arrived on this iteration's M0.
             self.store_p(rP, tPsP_own, wg_tidx)
-            if const_expr(not self.early_p_fence or self.p1_early):
+            if const_expr(not self.early_p_fence):
                 cute.arch.fence_view_async_shared()
-            if const_expr(self.p1_early):
-                cute.arch.barrier_arrive(barrier_id=int(Bar.P1), number_of_threads=256)
             if const_expr(self.wg1_t1_release_early):
                 warpgroup.wait_group(0)
                 self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: QK and P.V done
@@ -1052,10 +1047,9 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.zero_tail_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1), steady)
             self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
             warpgroup.commit_group()
-            if const_expr(not self.p1_early):
-                if const_expr(self.early_p_fence):
-                    cute.arch.fence_view_async_shared()  # P1's stores, before its arrive
-                cute.arch.barrier_arrive(barrier_id=int(Bar.P1), number_of_threads=256)
+            if const_expr(self.early_p_fence):
+                cute.arch.fence_view_async_shared()  # P1's stores, before its arrive
+            cute.arch.barrier_arrive(barrier_id=int(Bar.P1), number_of_threads=256)
             self.mark(15, wg_tidx, full)
             if const_expr(not self.wg1_t1_release_early):
                 warpgroup.wait_group(1)

@@ -116,10 +116,7 @@ MODES = {
     "seesaw-t1-early": ("seesaw", dict(wg1_t1_release_early=True), True),  # WG1 releases G1 of t1 before P0
     "seesaw-swap-t1-early": ("seesaw", dict(g1_swap=True, wg1_t1_release_early=True), True),
     "seesaw-g0-ahead": ("seesaw", dict(qk_g0_ahead=True), True),  # QK(t0')'s G0 blocks before WG0's P1 wait
-    "seesaw-swap-g0-ahead": ("seesaw", dict(g1_swap=True, qk_g0_ahead=True), True),
-    "seesaw-p1-early": ("seesaw", dict(p1_early=True), True),  # WG1 arrives P1 before its P0 wait
-    "seesaw-swap-p1-early": ("seesaw", dict(g1_swap=True, p1_early=True), True),
-    "seesaw-swap-t1-p1-early": ("seesaw", dict(g1_swap=True, wg1_t1_release_early=True, p1_early=True), True),  # P tiles' proxy fences on the hand-off path (before)
+    "seesaw-swap-g0-ahead": ("seesaw", dict(g1_swap=True, qk_g0_ahead=True), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 
 

@@ -74,9 +74,7 @@ FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-con
                                                                    "seesaw-producer-spin", "seesaw-keep-p",
                                                                    "seesaw-late-fence", "seesaw-narrow-boxes", "seesaw-sts",
                                                                    "seesaw-steady", "seesaw-swap",
-                                                                   "seesaw-g0-ahead", "seesaw-swap-g0-ahead",
-                                                                   "seesaw-p1-early", "seesaw-swap-p1-early",
-                                                                   "seesaw-swap-t1-p1-early")}}
+                                                                   "seesaw-g0-ahead", "seesaw-swap-g0-ahead")}}
 MAX_CTAS = 1024
 
 
