@@ -208,10 +208,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # WG1 waits for its P.V of t1 and releases G1 of t1 before it waits for P0 (the P.V has usually retired by then)
     # instead of after its P.V of t0's issue: with ``swap`` it is the next pair's t0's slot. A class constant (an A/B sets it).
     wg1_t1_release_early = False
-    # With the producer (``early``): WG0 issues QK(t0')'s G0 blocks before it waits for P1, ahead of its P.V of t1
-    # (``wg0_tail_g0_ahead``), so that they run while WG0 would idle and the tensor pipe has only WG1's P.V of t1.
-    # A class constant (an A/B sets it).
-    qk_g0_ahead = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -870,39 +866,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         return prod
 
     @cute.jit
-    def wg0_tail_g0_ahead(self, t1, b0, n0, n1, pipe_g0, pipe_g1, seqlen, stop, wg_tidx, acc_s, acc_o, tSrQ, tSrK,
-                          tOrV_ss, tOrP_other, sK, steady: cutlass.Constexpr[bool] = False):
-        """``wg0_tail`` with ``qk_g0_ahead``, where the next pair exists: QK(t0')'s G0 blocks go out before the P1
-        wait (WG0 idles there, and the tensor pipe runs only WG1's P.V of t1), then O_L += P1.V_L(t1) (SS),
-        G0 of t1 released once both retired, and QK(t0')'s G1 blocks once they landed."""
-        C = self.split_cluster
-        full = t1 + 2 * C < stop
-        mma_qk, _, _ = self.tiled_mmas()
-        self.loader.consumer_wait(pipe_g0, n0, self.k_wait_spin)
-        warpgroup.fence()
-        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G0_COLS, True)
-        warpgroup.commit_group()
-        self.mark(9, wg_tidx, full)
-        cute.arch.barrier(barrier_id=int(Bar.P1), number_of_threads=256)
-        self.loader.consumer_wait(pipe_g0, b0)
-        self.zero_tail_v_rows(sK, b0.index, seqlen - t1 * BLOCK_N, 0, HALF, wg_tidx, int(Bar.WG0), steady)
-        self.mark(7, wg_tidx, full)
-        self.pv(False, acc_o, tOrP_other, tOrV_ss, b0.index, True)
-        warpgroup.commit_group()
-        self.mark(8, wg_tidx, full)
-        warpgroup.wait_group(0)
-        self.mark(10, wg_tidx, full)
-        self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: P.V done; the producer refills it
-        self.loader.consumer_wait(pipe_g1, n1, self.k_wait_spin)
-        self.mark(42, wg_tidx, full)
-        warpgroup.fence()
-        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n1.index, G1_COLS, False)
-        warpgroup.commit_group()
-        warpgroup.wait_group(0)
-        self.mark(11, wg_tidx, full)
-        self.loader.consumer_release(pipe_g1, n1)  # G1 of t0': QK was WG0's only read of it
-
-    @cute.jit
     def wg0_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, m0, m1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
                       kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
                       acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
@@ -965,17 +928,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         cute.arch.barrier_arrive(barrier_id=int(Bar.P0), number_of_threads=256)
         self.mark(2, wg_tidx, full)
         softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-        if const_expr(self.qk_g0_ahead and self.early):
-            if has_t1:
-                if self.unless_steady(steady, t0 + 2 * C < stop):
-                    self.wg0_tail_g0_ahead(t1, b0, n0, n1, pipe_g0, pipe_g1, seqlen, stop, wg_tidx, acc_s, acc_o,
-                                           tSrQ, tSrK, tOrV_ss, tOrP_other, sK, steady)
-                else:
-                    cute.arch.barrier(barrier_id=int(Bar.P1), number_of_threads=256)
-                    prod = self.wg0_tail(t0, t1, b0, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r, kv_head,
-                                         wg_tidx, is_producer, acc_s, acc_o, tSrQ, tSrK, tOrV_ss, tOrP_other, tma_k,
-                                         mK, sK, mBlockTable, page_b, steady)
-        elif has_t1:
+        if has_t1:
             # P1 in smem and WG1's two P.Vs issued: O_L += P1.V_L(t1) goes in behind them.
             cute.arch.barrier(barrier_id=int(Bar.P1), number_of_threads=256)
             prod = self.wg0_tail(t0, t1, b0, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r, kv_head, wg_tidx,

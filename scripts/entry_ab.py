@@ -114,9 +114,7 @@ MODES = {
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),
     "seesaw-swap": ("seesaw", dict(g1_swap=True), True),  # the next pair's t0 in t1's G1 slot (``g1_swap``)
     "seesaw-t1-early": ("seesaw", dict(wg1_t1_release_early=True), True),  # WG1 releases G1 of t1 before P0
-    "seesaw-swap-t1-early": ("seesaw", dict(g1_swap=True, wg1_t1_release_early=True), True),
-    "seesaw-g0-ahead": ("seesaw", dict(qk_g0_ahead=True), True),  # QK(t0')'s G0 blocks before WG0's P1 wait
-    "seesaw-swap-g0-ahead": ("seesaw", dict(g1_swap=True, qk_g0_ahead=True), True),  # P tiles' proxy fences on the hand-off path (before)
+    "seesaw-swap-t1-early": ("seesaw", dict(g1_swap=True, wg1_t1_release_early=True), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 
 
