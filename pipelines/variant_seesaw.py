@@ -197,17 +197,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # at b32 s2 h128 4096, 0.998-1.007 on long chunks (b128 s2 h128 4096, b128 s1 h128 16384). Thresholds 4 and 8
     # measured too: no better overall (4: 1.006-1.014 at b32 s1 h64 1024).
     steady_min_steps = 2
-    # The next pair's t0 takes the V_R / RoPE slot (column group G1) of the pair's t1, t1' that of t0 (``g1_slot``):
-    # a pair's G1 slots swap every pair, while G0 (V_L) keeps its slot per tile parity. Why: G1 of t1 is free once
-    # WG1's P.V of t1 retired, G1 of t0 only after its P.V of t0 (about 500-900 cycles later), and QK(t0'), which
-    # starts the next pair's softmax chain, waited for that late refill while WG1's QK(t1') took half the tensor
-    # pipe (``seesaw_timeline.py``, docs/perf-notes.md, thirty-fourth and thirty-sixth sessions). With the swap
-    # t0' is whole about when PV_L(t1) is issued, and t1' lands later, behind it. Only with the producer
-    # warpgroup (the scoring warpgroups' own loads keep the tile-order ring). A class constant (an A/B sets it).
-    g1_swap = False
-    # WG1 waits for its P.V of t1 and releases G1 of t1 before it waits for P0 (the P.V has usually retired by then)
-    # instead of after its P.V of t0's issue: with ``swap`` it is the next pair's t0's slot. A class constant (an A/B sets it).
-    wg1_t1_release_early = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -224,7 +213,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         # only with the producer (without it 0-1.4% slower).
         self.l2_ahead = self.producer_l2_ahead and self.with_producer and self.num_m_blocks > 1
         self.early = self.early_releases and self.with_producer
-        self.swap = self.g1_swap and self.with_producer
 
     def kv_col_groups(self) -> tuple:
         return (G0_COLS, G1_COLS)
@@ -327,9 +315,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
         q_state = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, 1)
         q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
-        # With ``swap``: the G1 slot of the pair's t0 (``g1_slot``) and each G1 slot's phase (bit s: slot s).
-        s1 = Int32(0)
-        bits1 = Int32(0)
 
         thr_qk, thr_rs, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own = self.role_fragments(
             me, wg_tidx, mma_qk, mma_rs, mma_ss, sQ, sK, sP, sP0, sV)
@@ -368,23 +353,18 @@ class MLADecodeSeesaw(MLADecodeBase):
             # The chunk's first QK of each warpgroup (later ones go out at the end of an iteration).
             if const_expr(me == 0):
                 if start < stop:  # (an empty chunk has no tile to score)
-                    t0_g1 = g1.clone()
-                    if const_expr(self.swap):
-                        t0_g1 = self.g1_slot(s1, bits1, 0, 0)
                     self.issue_qk_two_groups(acc_s, tSrQ, tSrK, g0.index, G0_COLS, G1_COLS, pipe_g0, g0, pipe_g1,
-                                             t0_g1, stage_second=t0_g1.index)
+                                             g1)
                     warpgroup.wait_group(0)
-                    self.loader.consumer_release(pipe_g1, t0_g1)  # G1 of t0: QK was WG0's only read of it
+                    self.loader.consumer_release(pipe_g1, g1)  # G1 of t0: QK was WG0's only read of it
             else:
                 if start + C < stop:
                     t1_g0 = g0.clone()
                     t1_g1 = g1.clone()
                     t1_g0.advance()
                     t1_g1.advance()
-                    if const_expr(self.swap):
-                        t1_g1 = self.g1_slot(s1, bits1, 1, 0)
                     self.issue_qk_two_groups(acc_s, tSrQ, tSrK, t1_g1.index, G1_COLS, G0_COLS, pipe_g1, t1_g1,
-                                             pipe_g0, t1_g0, stage_second=t1_g0.index)
+                                             pipe_g0, t1_g0)
                     warpgroup.wait_group(0)
                     self.loader.consumer_release(pipe_g0, t1_g0)  # G0 of t1: QK was WG1's only read of it
             self.mark(32 + me, wg_tidx, True)
@@ -409,26 +389,14 @@ class MLADecodeSeesaw(MLADecodeBase):
                     n1 = b1.clone()
                     n0.advance()
                     n1.advance()
-                    m0 = n0.clone()
-                    m1 = n1.clone()
-                    m0.advance()
-                    m1.advance()
-                    if const_expr(self.swap):
-                        # G1 of t0 / t1 in this pair's slots; t0' takes t1's slot and t1' t0's, each one use on.
-                        a1 = self.g1_slot(s1, bits1, 0, 0)
-                        b1 = self.g1_slot(s1, bits1, 1, 0)
-                        n1 = self.g1_slot(s1, bits1, 1, 1)
-                        m1 = self.g1_slot(s1, bits1, 0, 1)
                     if const_expr(me == 0):
-                        prod = self.wg0_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, m0, m1, pipe_g0, pipe_g1,
-                                                  prod,
+                        prod = self.wg0_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
                                                   seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
                                                   row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn,
                                                   s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k,
                                                   mK, sK, mBlockTable, scale_log2, steady)
                     else:
-                        prod = self.wg1_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, m0, m1, pipe_g0, pipe_g1,
-                                                  prod,
+                        prod = self.wg1_iteration(t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod,
                                                   seqlen, stop, r, kv_head, wg_tidx, is_producer, row_limit, tScS,
                                                   row_max, row_sum, row_scale, other_max, acc_s, acc_o, acc_o_mn,
                                                   s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k,
@@ -439,8 +407,6 @@ class MLADecodeSeesaw(MLADecodeBase):
                     if has_t1:
                         g0.advance()
                         g1.advance()
-                    if const_expr(self.swap):
-                        s1, bits1 = self.g1_next_pair(s1, bits1, has_t1)
             pipe_q.consumer_release(q_state)
             q_state.advance()
             self.mark(34 + me, wg_tidx, True)
@@ -458,23 +424,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         return self.steady_end(start, stop, seqlen, 2 * C, C, 3 * C)
 
     @cute.jit
-    def g1_slot(self, s, bits, which: cutlass.Constexpr[int], later: cutlass.Constexpr[int]):
-        """With ``swap``: the pipeline state of G1 of the pair's t0 (``which`` 0) or t1 (1), or with ``later`` 1 of
-        the next pair's tile in that slot (t1' in t0's, t0' in t1's: one use later, the phase flipped). ``s``: the
-        slot of t0's G1; ``bits``: each slot's phase (bit i: slot i)."""
-        slot = s ^ which
-        return pipeline.PipelineState(self.kv_stages, Int32(0), slot, ((bits >> slot) & 1) ^ later)
-
-    @cute.jit
-    def g1_next_pair(self, s, bits, has_t1):
-        """``(s, bits)`` of the next pair: each slot the pair used (t0's, and t1's if any) one phase on, and t0'
-        in the other slot than t0 (t1's, freed first; after a pair without t1 the slot it left unused)."""
-        bits = bits ^ (Int32(1) << s)
-        if has_t1:
-            bits = bits ^ (Int32(1) << (s ^ 1))
-        return s ^ 1, bits
-
-    @cute.jit
     def produce(self, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split, tma_q, mQ,
                 tma_k, mK, mBlockTable, mSeqlens, mNumSplits, sQ, sK, pipe_q, pipe_k):
         """The producer warpgroup (``producer_warpgroup``): every load of the work list. Warp 3 loads each
@@ -488,9 +437,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         q_prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, 1)
         p0 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
         p1 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
-        # With ``swap``: the G1 slot of the pair's t0 and each slot's phase (``g1_slot``), producer phases (1).
-        s1 = Int32(0)
-        bits1 = Int32(3)
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
@@ -498,12 +444,8 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
                 q_prod.advance()
             if warp < self.loader.producer_warps:
-                if const_expr(self.swap):
-                    p0, s1, bits1 = self.produce_pairs_swapped(wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK,
-                                                               sK, mBlockTable, pipe_g0, pipe_g1, p0, s1, bits1)
-                else:
-                    p0, p1 = self.produce_pairs(wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK,
-                                                mBlockTable, pipe_g0, pipe_g1, p0, p1)
+                p0, p1 = self.produce_pairs(wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable,
+                                            pipe_g0, pipe_g1, p0, p1)
             if const_expr(C > 1):
                 self.cluster_idle()  # the chunk's epilogue barriers (it reduces in the K stages)
 
@@ -556,44 +498,6 @@ class MLADecodeSeesaw(MLADecodeBase):
                         page_ahead = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
                         self.loader.prefetch_tile(tma_k, mK, sK, blk, kv_head, page_ahead, wg_tidx)
         return p0, p1
-
-    @cute.jit
-    def produce_pairs_swapped(self, wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable, pipe_g0,
-                              pipe_g1, p0, s1, bits1):
-        """``produce_pairs`` with ``swap``: each pair's groups in the order their slots free, G0 of t0 (after WG0's
-        P.V of the previous t0), G1 of t0 (the previous t1's slot, after WG1's P.V of it), G1 of t1 (the previous
-        t0's slot) and G0 of t1 (after WG0's P.V of the previous t1). Each load waits only for releases of the
-        previous pair, so the order cannot deadlock. ``(s1, bits1)`` as in ``role`` (``g1_slot``)."""
-        C = self.split_cluster
-        for t0 in cutlass.range(start, stop, 2 * C, unroll=1):
-            t1 = t0 + C
-            loads_of_full = t0 > start
-            page0 = self.loader.page_id(mBlockTable, r, t0, seqlen, wg_tidx)
-            self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t0, seqlen, kv_head, wg_tidx,
-                               page0, G0_COLS)
-            p0.advance()
-            self.mark(44, wg_tidx, loads_of_full)
-            self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, self.g1_slot(s1, bits1, 0, 0), r, t0, seqlen,
-                               kv_head, wg_tidx, page0, G1_COLS)
-            self.mark(45, wg_tidx, loads_of_full)
-            has_t1 = t1 < stop
-            if has_t1:
-                page1 = self.loader.page_id(mBlockTable, r, t1, seqlen, wg_tidx)
-                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, self.g1_slot(s1, bits1, 1, 0), r, t1,
-                                   seqlen, kv_head, wg_tidx, page1, G1_COLS)
-                self.mark(46, wg_tidx, loads_of_full)
-                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t1, seqlen, kv_head, wg_tidx,
-                                   page1, G0_COLS)
-                self.mark(47, wg_tidx, loads_of_full)
-                p0.advance()
-            s1, bits1 = self.g1_next_pair(s1, bits1, has_t1)
-            if const_expr(self.l2_ahead):
-                for ahead in cutlass.range_constexpr(2):
-                    blk = t0 + (2 + ahead) * C
-                    if blk < stop:
-                        page_ahead = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
-                        self.loader.prefetch_tile(tma_k, mK, sK, blk, kv_head, page_ahead, wg_tidx)
-        return p0, s1, bits1
 
     @cute.jit
     def produce_group(self, tma_k, mK, sK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, wg_tidx, page, cols):
@@ -783,13 +687,10 @@ class MLADecodeSeesaw(MLADecodeBase):
     @cute.jit
     def issue_qk_two_groups(self, acc_s, tSrQ, tSrK, stage, first_cols: cutlass.Constexpr,
                             second_cols: cutlass.Constexpr, pipe_first, state_first, pipe_second, state_second,
-                            mark_second: cutlass.Constexpr[int] = -1, wg_tidx=None, full=None, stage_second=None):
+                            mark_second: cutlass.Constexpr[int] = -1, wg_tidx=None, full=None):
         """S = Q.K^T of the tile in ``stage``, behind whatever wgmma group the caller has in flight: the
-        column blocks of the group expected first, then the other group's (in ``stage_second`` if given: with
-        ``swap`` a tile's G1 may sit in the other stage), each after its full barrier; committed as one group,
-        not waited for. ``mark_second``: the probe's event once the second group landed."""
-        if const_expr(stage_second is None):
-            stage_second = stage
+        column blocks of the group expected first, then the other group's, each after its full barrier;
+        committed as one group, not waited for. ``mark_second``: the probe's event once the second group landed."""
         mma_qk, _, _ = self.tiled_mmas()  # fresh: its ACCUMULATE state must not escape the caller's branch
         self.loader.consumer_wait(pipe_first, state_first, self.k_wait_spin)
         # A barrier wait is a loop (a branch) inside the wgmma chain: an explicit fence after it, or ptxas
@@ -800,7 +701,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         if const_expr(mark_second >= 0):
             self.mark(mark_second, wg_tidx, full)
         warpgroup.fence()
-        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage_second, second_cols, False)
+        self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, stage, second_cols, False)
         warpgroup.commit_group()
 
     @cute.jit
@@ -839,12 +740,12 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.loader.consumer_wait(pipe_g1, n1, self.k_wait_spin)
                 self.mark(42, wg_tidx, full)
                 warpgroup.fence()
-                self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n1.index, G1_COLS, False)
+                self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G1_COLS, False)
                 warpgroup.commit_group()
                 self.mark(9, wg_tidx, full)
             else:
                 self.issue_qk_two_groups(acc_s, tSrQ, tSrK, n0.index, G0_COLS, G1_COLS, pipe_g0, n0,
-                                         pipe_g1, n1, stage_second=n1.index)
+                                         pipe_g1, n1)
                 self.mark(9, wg_tidx, full)
                 warpgroup.wait_group(1)
                 self.mark(10, wg_tidx, full)
@@ -866,7 +767,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         return prod
 
     @cute.jit
-    def wg0_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, m0, m1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
+    def wg0_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
                       kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
                       acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
                       sK, mBlockTable, scale_log2, steady: cutlass.Constexpr[bool] = False):
@@ -894,7 +795,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.mark(3, wg_tidx, full)
         # P0 into t0's RoPE block for WG1 while the P.V runs (it only reads rP), relative to m0: with lazy
         # rescaling m1 is nearly always m0, and where it is not the tile is written again below.
-        self.store_p(rP, tPsP_own[None, None, None, a1.index], wg_tidx)
+        self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
         if const_expr(self.early_p_fence):
             cute.arch.fence_view_async_shared()
         warpgroup.wait_group(0)
@@ -920,7 +821,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 acc_s.store(rP.load().to(Float32))
             softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
             rP.store(acc_s.load().to(self.dtype))
-            self.store_p(rP, tPsP_own[None, None, None, a1.index], wg_tidx)
+            self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
             if const_expr(self.early_p_fence):
                 cute.arch.fence_view_async_shared()
         if const_expr(not self.early_p_fence):
@@ -937,7 +838,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         return prod
 
     @cute.jit
-    def wg1_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, m0, m1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
+    def wg1_iteration(self, t0, t1, has_t1, a0, a1, b0, b1, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r,
                       kv_head, wg_tidx, is_producer, row_limit, tScS, row_max, row_sum, row_scale, other_max,
                       acc_s, acc_o, acc_o_mn, s_m, tSrQ, tSrK, tOrV_rs, tOrV_ss, tOrP_other, tPsP_own, tma_k, mK,
                       sK, mBlockTable, scale_log2, steady: cutlass.Constexpr[bool] = False):
@@ -945,8 +846,8 @@ class MLADecodeSeesaw(MLADecodeBase):
         the softmax of t1 (m1), m1 back to WG0, P1 to smem and O_R += P1.V_R(t1) (RS); then on P0 (relative to
         m1) O_R += P0.V_R(t0) (SS). Ends with QK(t1') of the next pair retired in ``acc_s``."""
         C = self.split_cluster
-        stage_a = a1.index  # (WG1 reads G1 only: V_R, and P0 in t0's RoPE block)
-        stage_b = b1.index
+        stage_a = a0.index
+        stage_b = b0.index
         full = t1 + 2 * C < stop
         self.mark(12, wg_tidx, full)
         page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
@@ -990,9 +891,6 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.store_p(rP, tPsP_own, wg_tidx)
             if const_expr(not self.early_p_fence):
                 cute.arch.fence_view_async_shared()
-            if const_expr(self.wg1_t1_release_early):
-                warpgroup.wait_group(0)
-                self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: QK and P.V done
             self.mark(17, wg_tidx, full)
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)
             self.mark(14, wg_tidx, full)
@@ -1004,11 +902,10 @@ class MLADecodeSeesaw(MLADecodeBase):
                 cute.arch.fence_view_async_shared()  # P1's stores, before its arrive
             cute.arch.barrier_arrive(barrier_id=int(Bar.P1), number_of_threads=256)
             self.mark(15, wg_tidx, full)
-            if const_expr(not self.wg1_t1_release_early):
-                warpgroup.wait_group(1)
-                self.mark(21, wg_tidx, full)
-                self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: QK and P.V done
-                self.mark(27, wg_tidx, full)
+            warpgroup.wait_group(1)
+            self.mark(21, wg_tidx, full)
+            self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: QK and P.V done
+            self.mark(27, wg_tidx, full)
             warpgroup.wait_group(0)
             self.mark(18, wg_tidx, full)
             self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: P.V and P0 read
@@ -1025,8 +922,10 @@ class MLADecodeSeesaw(MLADecodeBase):
                         prod.advance()
             has_next = self.unless_steady(steady, t1 + 2 * C < stop)
             if has_next:
-                m0s = m0
-                m1s = m1
+                m0s = n0.clone()
+                m1s = n1.clone()
+                m0s.advance()
+                m1s.advance()
                 self.mark(22, wg_tidx, full)
                 # QK(t1'): the group loaded first. The producer loads in release order (``produce_pairs``): G1,
                 # freed by this warpgroup's P.V of t1, before G0, freed by WG0's P.V of t1. Without it both go
@@ -1034,8 +933,8 @@ class MLADecodeSeesaw(MLADecodeBase):
                 first, second = (G1_COLS, pipe_g1, m1s), (G0_COLS, pipe_g0, m0s)
                 if const_expr(not self.with_producer):
                     first, second = second, first
-                self.issue_qk_two_groups(acc_s, tSrQ, tSrK, first[2].index, first[0], second[0], first[1], first[2],
-                                         second[1], second[2], 43, wg_tidx, full, stage_second=second[2].index)
+                self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, first[0], second[0], first[1], first[2],
+                                         second[1], second[2], 43, wg_tidx, full)
                 self.mark(23, wg_tidx, full)
                 warpgroup.wait_group(0)
                 self.mark(24, wg_tidx, full)

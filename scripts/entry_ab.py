@@ -111,10 +111,7 @@ MODES = {
     "2wg-steady-min2": ("2wg", dict(steady_loop=True, steady_min_steps=2), True),
     "2wg-steady-min4": ("2wg", dict(steady_loop=True, steady_min_steps=4), True),
     "2wg-steady-min8": ("2wg", dict(steady_loop=True, steady_min_steps=8), True),
-    "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),
-    "seesaw-swap": ("seesaw", dict(g1_swap=True), True),  # the next pair's t0 in t1's G1 slot (``g1_swap``)
-    "seesaw-t1-early": ("seesaw", dict(wg1_t1_release_early=True), True),  # WG1 releases G1 of t1 before P0
-    "seesaw-swap-t1-early": ("seesaw", dict(g1_swap=True, wg1_t1_release_early=True), True),  # P tiles' proxy fences on the hand-off path (before)
+    "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 
 
