@@ -98,7 +98,6 @@ class Bar(enum.IntEnum):
     INV = 6
     P0 = 7
     P1 = 8
-    Q0 = 9
 
 
 class MLADecodeSeesaw(MLADecodeBase):
@@ -198,11 +197,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # at b32 s2 h128 4096, 0.998-1.007 on long chunks (b128 s2 h128 4096, b128 s1 h128 16384). Thresholds 4 and 8
     # measured too: no better overall (4: 1.006-1.014 at b32 s1 h64 1024).
     steady_min_steps = 2
-    # With the producer (``early``): WG1 issues QK(t1') only once WG0 has issued all of QK(t0') (barrier Q0), so that
-    # QK(t0'), which starts the next pair's softmax chain, is ahead of QK(t1') in the tensor pipe. Why:
-    # ``seesaw_timeline.py`` shows QK(t1')'s first group (landed earlier) going out before QK(t0')'s G1 blocks, whose
-    # issue then waits about 1000 cycles behind it. A class constant (an A/B sets it).
-    qk_t0_first = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -219,7 +213,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         # only with the producer (without it 0-1.4% slower).
         self.l2_ahead = self.producer_l2_ahead and self.with_producer and self.num_m_blocks > 1
         self.early = self.early_releases and self.with_producer
-        self.t0_first = self.qk_t0_first and self.early
 
     def kv_col_groups(self) -> tuple:
         return (G0_COLS, G1_COLS)
@@ -749,8 +742,6 @@ class MLADecodeSeesaw(MLADecodeBase):
                 warpgroup.fence()
                 self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G1_COLS, False)
                 warpgroup.commit_group()
-                if const_expr(self.t0_first):
-                    cute.arch.barrier_arrive(barrier_id=int(Bar.Q0), number_of_threads=256)
                 self.mark(9, wg_tidx, full)
             else:
                 self.issue_qk_two_groups(acc_s, tSrQ, tSrK, n0.index, G0_COLS, G1_COLS, pipe_g0, n0,
@@ -929,9 +920,6 @@ class MLADecodeSeesaw(MLADecodeBase):
                         self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t1 + 2 * C, seqlen,
                                         kv_head, wg_tidx, page=page_b, cols=G1_COLS)
                         prod.advance()
-            if const_expr(self.t0_first):
-                if self.unless_steady(steady, t0 + 2 * C < stop):
-                    cute.arch.barrier(barrier_id=int(Bar.Q0), number_of_threads=256)  # QK(t0') issued
             has_next = self.unless_steady(steady, t1 + 2 * C < stop)
             if has_next:
                 m0s = n0.clone()

@@ -111,8 +111,7 @@ MODES = {
     "2wg-steady-min2": ("2wg", dict(steady_loop=True, steady_min_steps=2), True),
     "2wg-steady-min4": ("2wg", dict(steady_loop=True, steady_min_steps=4), True),
     "2wg-steady-min8": ("2wg", dict(steady_loop=True, steady_min_steps=8), True),
-    "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),
-    "seesaw-t0-first": ("seesaw", dict(qk_t0_first=True), True),  # WG1's QK(t1') after WG0 issued QK(t0') (Q0)  # P tiles' proxy fences on the hand-off path (before)
+    "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 
 
