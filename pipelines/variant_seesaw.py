@@ -197,13 +197,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # at b32 s2 h128 4096, 0.998-1.007 on long chunks (b128 s2 h128 4096, b128 s1 h128 16384). Thresholds 4 and 8
     # measured too: no better overall (4: 1.006-1.014 at b32 s1 h64 1024).
     steady_min_steps = 2
-    # The producer's global loads ahead of the TMA copies that need them (``produce``): each request's Q goes out
-    # before its length is read (Q needs only the plan row), the chunk's first pair's block_table entries beside
-    # that length (``head_page_ids``), and each later pair's entries one pair ahead, read while the current
-    # pair's copies wait for their stages. Why: at a chunk's head every CTA loads at once, and each global load
-    # there waits behind the bulk traffic; in the order before, the first pair's G1 of t0 (QK(t0)'s last group)
-    # went out after three dependent loads (length, t0's entry, t1's entry). A class constant (an A/B sets it).
-    loads_ahead = True
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -445,35 +438,20 @@ class MLADecodeSeesaw(MLADecodeBase):
         p0 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
         p1 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
         for r in cutlass.range(begin_req, end_req + 1, unroll=1):
-            if const_expr(self.loads_ahead):
-                if warp == 3:
-                    self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
-                    q_prod.advance()
             seqlen, n_blocks, start, stop, is_split, split_idx = self.chunk_bounds(
                 r, begin_req, begin_block, end_req, end_block, begin_split, mSeqlens, mNumSplits)
-            if const_expr(not self.loads_ahead):
-                if warp == 3:
-                    self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
-                    q_prod.advance()
+            if warp == 3:
+                self.tma_load_q(tma_q, mQ, sQ, pipe_q, q_prod, m_block, kv_head, r)
+                q_prod.advance()
             if warp < self.loader.producer_warps:
-                page0 = Int32(0)
-                page1 = Int32(0)
-                if const_expr(self.loads_ahead):
-                    # The first pair's entries: ``start`` comes from the plan row alone (``chunk_start``), so
-                    # these loads go out beside the length's. (t1 = start + C is loaded only where it is below
-                    # stop, so it has a token.)
-                    own0, first0 = self.loader.head_page_ids(mBlockTable, r, start, wg_tidx)
-                    own1, first1 = self.loader.head_page_ids(mBlockTable, r, start + C, wg_tidx)
-                    page0 = self.loader.pick_head_page(own0, first0, start, seqlen, wg_tidx)
-                    page1 = self.loader.pick_head_page(own1, first1, start + C, seqlen, wg_tidx)
                 p0, p1 = self.produce_pairs(wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable,
-                                            pipe_g0, pipe_g1, p0, p1, page0, page1)
+                                            pipe_g0, pipe_g1, p0, p1)
             if const_expr(C > 1):
                 self.cluster_idle()  # the chunk's epilogue barriers (it reduces in the K stages)
 
     @cute.jit
     def produce_pairs(self, wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable, pipe_g0, pipe_g1,
-                      p0, p1, page0, page1):
+                      p0, p1):
         """The producer's loads of one chunk, pair by pair, in the order the max-first iteration frees the
         groups: G0 of t0 (after WG0's P.V of t0), G1 of t1 (after WG1's P.V of t1), G1 of t0 (after WG1's
         P.V of t0), G0 of t1 (after WG0's P.V of t1). Why: one queue in tile order would hold G1 of t1 behind
@@ -481,15 +459,11 @@ class MLADecodeSeesaw(MLADecodeBase):
         was 0.5-3% slower on the 128-row rows, paired on an H100: the refill still lands at the same time, and
         QK(t1') then runs into WG1's next softmax; docs/perf-notes.md, thirty-third session). Each load waits
         only for releases of the previous pair, so the order cannot deadlock. ``p0`` / ``p1`` advance in tile
-        order as in ``produce``. With ``loads_ahead`` ``page0`` / ``page1`` are the first pair's block_table
-        entries, and each pair reads the next pair's after its own copies, long before the next pair's
-        stages free (``page_id`` clamps a tile past the chunk to the request's last page: a safe read, never
-        used); otherwise each pair reads its own before its copies."""
+        order as in ``produce``."""
         C = self.split_cluster
         for t0 in cutlass.range(start, stop, 2 * C, unroll=1):
             t1 = t0 + C
-            if const_expr(not self.loads_ahead):
-                page0 = self.loader.page_id(mBlockTable, r, t0, seqlen, wg_tidx)
+            page0 = self.loader.page_id(mBlockTable, r, t0, seqlen, wg_tidx)
             self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t0, seqlen, kv_head, wg_tidx,
                                page0, G0_COLS)
             p0.advance()
@@ -498,8 +472,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 # a full one, which they then belong to)
                 loads_of_full = t0 > start
                 self.mark(44, wg_tidx, loads_of_full)
-                if const_expr(not self.loads_ahead):
-                    page1 = self.loader.page_id(mBlockTable, r, t1, seqlen, wg_tidx)
+                page1 = self.loader.page_id(mBlockTable, r, t1, seqlen, wg_tidx)
                 q1 = p1.clone()
                 q1.advance()
                 self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx,
@@ -518,25 +491,12 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
                                    page0, G1_COLS)
                 p1.advance()
-            next0 = Int32(0)
-            next1 = Int32(0)
-            if const_expr(self.loads_ahead):
-                # After this pair's copies: ptxas moves a loaded entry into a uniform register right after
-                # the next wait, which would hold a chunk's first copies behind these loads.
-                next0 = self.loader.page_id(mBlockTable, r, t0 + 2 * C, seqlen, wg_tidx)
-                next1 = self.loader.page_id(mBlockTable, r, t1 + 2 * C, seqlen, wg_tidx)
             if const_expr(self.l2_ahead):
                 for ahead in cutlass.range_constexpr(2):
                     blk = t0 + (2 + ahead) * C
                     if blk < stop:
-                        if const_expr(self.loads_ahead):
-                            page_ahead = next0 if const_expr(ahead == 0) else next1
-                        else:
-                            page_ahead = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
+                        page_ahead = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
                         self.loader.prefetch_tile(tma_k, mK, sK, blk, kv_head, page_ahead, wg_tidx)
-            if const_expr(self.loads_ahead):
-                page0 = next0
-                page1 = next1
         return p0, p1
 
     @cute.jit

@@ -112,7 +112,6 @@ MODES = {
     "2wg-steady-min4": ("2wg", dict(steady_loop=True, steady_min_steps=4), True),
     "2wg-steady-min8": ("2wg", dict(steady_loop=True, steady_min_steps=8), True),
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
-    "seesaw-loads-late": ("seesaw", dict(loads_ahead=False), True),  # Q after the length, page ids per pair (before)
 }
 
 
