@@ -52,8 +52,8 @@ splits WG0's QK(t0') to release G0 of t1 between its halves. Without a multicast
 (three H100 page-64 grids at 66e0995, docs/perf-notes.md, thirty-eighth session; time over 2wg's): 0.86-0.92 at
 256 rows with b64-b128 and 4096-16384 keys, 0.91-0.92 at 128 rows with b128 and 16384 keys, 0.99 at 4096, 1.08-1.09
 at 1024; up to 1.22-1.24 on short requests (b <= 32, <= 4096 keys) and at 64 rows. ``auto`` picks it where
-full-grid runs measured it faster (``pipelines/auto_table.py``: 45 of 372 keys, from H100 and H200 runs with
-the steady loop, docs/perf-notes.md, fortieth session).
+full-grid runs measured it faster (``pipelines/auto_table.py``: 46 of 372 keys, from H100 and H200 runs with
+the steady loop, docs/perf-notes.md, forty-first session).
 
 Named barriers (``Bar``, 256 threads unless noted): M0 (WG0 -> WG1: m0 written), M1 (WG1 -> WG0: m1
 written), P0 (WG0 -> WG1: P0 relative to m1 in smem), P1 (WG1 -> WG0: P1 in smem, WG1's P.Vs issued; only

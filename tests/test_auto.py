@@ -190,9 +190,9 @@ def test_choices_agree_with_choose_on_a_dense_sweep():
 def test_committed_table_lookups():
     # Every measured key of the committed table looks up to its own entry; a variant that is not a
     # candidate is never chosen (the seesaw's keys fall back to 2wg without it); in the table's runs
-    # (page 64: H100 66e0995 and H200 bee8104, three times each, the seesaw's steady loop on) page 64 b128 s_q 2
-    # h_q 128 is the seesaw's at every length (6-12% ahead), b128 s_q 1 h_q 128 2wg's at 1024 keys and the
-    # seesaw's at 4096 (4%) and 16384 (8%); keys of at most 16 rows per
+    # (page 64: H100 66e0995, H200 bee8104 and H200 c2cd435, three times each, the seesaw's steady loop on) page 64
+    # b128 s_q 2 h_q 128 is the seesaw's at every length (7-12% ahead), b128 s_q 1 h_q 128 2wg's at 1024 keys and
+    # the seesaw's at 4096 (6%) and 16384 (11%); keys of at most 16 rows per
     # kv head are 2wg's (its narrow kernel). Lookups on it are cached.
     from pipelines import auto_table
 
