@@ -113,40 +113,6 @@ def settle_max(scores: cute.Tensor, m_prev: Float32, m_new: Float32, sum_prev: F
 
 
 @cute.jit
-def settle_row_max(m_prev: Float32, m_new: Float32, scale_log2: Float32, lazy: cutlass.Constexpr[bool]):
-    """``settle_max`` before its exponentials: ``(max kept, factor for the earlier output, the max in exp2
-    units)``, so that a caller can exponentiate a row's scores in parts (``exp_scores``) and add them up in
-    ``settle_max``'s order afterwards (``row_sum_after``): the same values, bit for bit."""
-    if const_expr(lazy):
-        if (m_new - m_prev) * scale_log2 <= Float32(LAZY_RESCALE_LOG2):
-            m_new = m_prev
-    m_safe = m_new
-    if m_new == -Float32.inf:
-        m_safe = Float32(0.0)
-    m_scaled = m_safe * scale_log2
-    factor = cute.math.exp2(m_prev * scale_log2 - m_scaled, fastmath=True)
-    return m_new, factor, m_scaled
-
-
-@cute.jit
-def exp_scores(s_mn: cute.Tensor, i: cutlass.Constexpr[int], cols: cutlass.Constexpr, m_scaled: Float32,
-               scale_log2: Float32):
-    """Columns ``cols`` of row ``i`` of ``s_mn`` (in place) to unnormalised probabilities against ``m_scaled``
-    (``settle_row_max``), as ``settle_max`` computes them."""
-    for j in cutlass.range_constexpr(len(cols)):
-        s_mn[i, cols[j]] = cute.math.exp2(s_mn[i, cols[j]] * scale_log2 - m_scaled, fastmath=True)
-
-
-@cute.jit
-def row_sum_after(s_mn: cute.Tensor, i: cutlass.Constexpr[int], sum_prev: Float32, factor: Float32) -> Float32:
-    """Row ``i``'s thread-partial sum once all its probabilities are in ``s_mn``, in ``settle_max``'s order."""
-    acc = Float32(0.0)
-    for j in cutlass.range_constexpr(cute.size(s_mn, mode=[1])):
-        acc += s_mn[i, j]
-    return sum_prev * factor + acc
-
-
-@cute.jit
 def rescale_rows(o_mn: cute.Tensor, row_scale: cute.Tensor):
     """Multiply each row of an output accumulator view by its factor."""
     for i in cutlass.range_constexpr(cute.size(o_mn, mode=[0])):

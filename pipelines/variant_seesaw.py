@@ -197,12 +197,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # at b32 s2 h128 4096, 0.998-1.007 on long chunks (b128 s2 h128 4096, b128 s1 h128 16384). Thresholds 4 and 8
     # measured too: no better overall (4: 1.006-1.014 at b32 s1 h64 1024).
     steady_min_steps = 2
-    # WG1's P.V of t1 issued k-block by k-block as its probabilities are exponentiated (``wg1_pv_by_kblock``,
-    # with ``wg1_max_ahead``): m1 is published and O_R rescaled right after the rows' maxima, then each 16-key
-    # block of P1 is exponentiated, converted and its wgmma issued, so the tensor pipe starts on PV_R(t1) after a
-    # quarter of the exponentials instead of all of them. The row sums follow in the usual order (bit-identical).
-    # A class constant (an A/B sets it).
-    wg1_pv_by_kblock = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -873,59 +867,24 @@ class MLADecodeSeesaw(MLADecodeBase):
         if has_t1:
             to_m0 = cute.make_rmem_tensor_like(row_scale)
             to_m0.store(row_scale.load())
-            if const_expr(self.wg1_pv_by_kblock and self.wg1_max_ahead):
-                # m1 and O_R's factor from the maxima alone; then P1 and PV_R(t1) block by block.
-                s_mn = layouts.acc_mn_view(acc_s)
-                m_scaled = cute.make_rmem_tensor_like(row_max)
-                factor = cute.make_rmem_tensor_like(row_max)
-                for i in cutlass.range_constexpr(cute.size(row_max, mode=[0])):
-                    row_max[i], factor[i], m_scaled[i] = softmax.settle_row_max(
-                        row_max[i], cute.arch.fmax(row_max[i], tile_max[i]), scale_log2, self.lazy_rescale)
-                self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
-                self.mark(16, wg_tidx, full)
-                for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
-                    row_scale[i] = factor[i] * to_m0[i]  # O_R from m to m1 in one pass
-                softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-                valid1 = seqlen - t1 * BLOCK_N
-                self.zero_tail_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1), steady)
-                rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
-                _, mma_rs, _ = self.tiled_mmas()
-                tOrP = layouts.acc_as_a_operand(rP)
-                tOsP = layouts.acc_as_a_operand(acc_s)
-                n_cols = cute.size(s_mn, mode=[1])
-                n_k = cute.size(tOrP, mode=[2])
-                for k in cutlass.range_constexpr(n_k):
-                    # (mn view columns are (pair, group of 8): k-block k holds columns [k, k + 1) * n_cols / n_k)
-                    cols = tuple(range(k * n_cols // n_k, (k + 1) * n_cols // n_k))
-                    for i in cutlass.range_constexpr(cute.size(row_max, mode=[0])):
-                        softmax.exp_scores(s_mn, i, cols, m_scaled[i], scale_log2)
-                    tOrP[None, None, k].store(tOsP[None, None, k].load().to(self.dtype))
-                    warpgroup.fence()
-                    mma_rs.set(warpgroup.Field.ACCUMULATE, True)
-                    cute.gemm(mma_rs, acc_o, tOrP[None, None, k], tOrV_rs[None, None, k, stage_b], acc_o)
-                warpgroup.commit_group()
-                for i in cutlass.range_constexpr(cute.size(row_sum, mode=[0])):
-                    row_sum[i] = softmax.row_sum_after(s_mn, i, row_sum[i], factor[i])
-                self.clear_s(acc_s)
+            if const_expr(self.wg1_max_ahead):
+                softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), tile_max, row_max, row_sum, row_scale,
+                                                 scale_log2, self.lazy_rescale)
             else:
-                if const_expr(self.wg1_max_ahead):
-                    softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), tile_max, row_max, row_sum,
-                                                     row_scale, scale_log2, self.lazy_rescale)
-                else:
-                    self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2,
-                                      mask=not steady)
-                self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
-                self.mark(16, wg_tidx, full)
-                for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
-                    row_scale[i] = row_scale[i] * to_m0[i]  # O_R from m to m1 in one pass
-                rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
-                rP.store(acc_s.load().to(self.dtype))
-                self.clear_s(acc_s)
-                softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-                valid1 = seqlen - t1 * BLOCK_N
-                self.zero_tail_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1), steady)
-                self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_b, True)
-                warpgroup.commit_group()
+                self.softmax_tile(acc_s, t1, seqlen, row_limit, tScS, row_max, row_sum, row_scale, scale_log2,
+                                  mask=not steady)
+            self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
+            self.mark(16, wg_tidx, full)
+            for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
+                row_scale[i] = row_scale[i] * to_m0[i]  # O_R from m to m1 in one pass
+            rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
+            rP.store(acc_s.load().to(self.dtype))
+            self.clear_s(acc_s)
+            softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
+            valid1 = seqlen - t1 * BLOCK_N
+            self.zero_tail_v_rows(sK, stage_b, valid1, HALF, HALF, wg_tidx, int(Bar.WG1), steady)
+            self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_b, True)
+            warpgroup.commit_group()
             self.mark(20, wg_tidx, full)
             # P1 to smem for WG0 while that P.V runs (it reads rP only). sP is free: WG0's P.V that read the
             # previous P1 retired before WG0 arrived on this iteration's M0.

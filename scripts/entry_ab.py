@@ -112,7 +112,6 @@ MODES = {
     "2wg-steady-min4": ("2wg", dict(steady_loop=True, steady_min_steps=4), True),
     "2wg-steady-min8": ("2wg", dict(steady_loop=True, steady_min_steps=8), True),
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
-    "seesaw-wg1-kblock": ("seesaw", dict(wg1_pv_by_kblock=True), True),  # WG1's PV_R(t1) k-block by k-block with its exps
 }
 
 
