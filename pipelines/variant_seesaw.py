@@ -197,12 +197,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # at b32 s2 h128 4096, 0.998-1.007 on long chunks (b128 s2 h128 4096, b128 s1 h128 16384). Thresholds 4 and 8
     # measured too: no better overall (4: 1.006-1.014 at b32 s1 h64 1024).
     steady_min_steps = 2
-    # A chunk's first pair prefetches the next pair into L2 (``l2_ahead``) only once that pair's t0 landed (its G1
-    # group, the third of the pair's four loads). Why: at the kernel's start every CTA asks for Q, its first pair
-    # and (the prefetch) the pair after it at once, 28 MB at b64 s1 h128 1024, and ``seesaw_timeline.py`` shows Q
-    # landing about 11500 cycles after the chunk's start and the first QK retiring at 16000-18600, while 2wg, which
-    # asks for Q and two tiles, issues its first QK about 4.7 us after the first CTA's entry. An A/B constant.
-    head_l2_after_landing = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -469,7 +463,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         C = self.split_cluster
         for t0 in cutlass.range(start, stop, 2 * C, unroll=1):
             t1 = t0 + C
-            g1_of_t0 = p1.clone()  # the state G1 of t0 is loaded with, in either branch below
             page0 = self.loader.page_id(mBlockTable, r, t0, seqlen, wg_tidx)
             self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t0, seqlen, kv_head, wg_tidx,
                                page0, G0_COLS)
@@ -499,10 +492,6 @@ class MLADecodeSeesaw(MLADecodeBase):
                                    page0, G1_COLS)
                 p1.advance()
             if const_expr(self.l2_ahead):
-                if const_expr(self.head_l2_after_landing):
-                    if t0 == start:  # t0 whole in shared memory (full barrier: the producer's phase flipped)
-                        paged_kv.poll_barrier(pipe_g1.sync_object_full.get_barrier(g1_of_t0.index),
-                                              g1_of_t0.phase ^ 1)
                 for ahead in cutlass.range_constexpr(2):
                     blk = t0 + (2 + ahead) * C
                     if blk < stop:
