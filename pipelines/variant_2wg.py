@@ -83,6 +83,11 @@ class MLADecode2WG(MLADecodeBase):
     # request's length is back (``load_chunk_head``). A class constant like prefetch_next_chunk (an A/B
     # sets it False: the length first, as before).
     head_pages_early = True
+    # The CTA's first chunk: its second K tile goes out only once the first has landed (``load_head_tiles``).
+    # Why: at the kernel's start every CTA asks for Q and two tiles at once (19 MB at b64 s1 h128 1024, about
+    # 6.5 us of HBM on an H100), and the first QK needs only Q and tile 0; the second tile is needed a tile's
+    # time later. An A/B constant (entry_ab mode ``2wg-head-in-turn``).
+    head_tiles_in_turn = False
     # A refill's page id read a tile early (``next_page_early``) on every TMA path; False: only where a
     # tile is several boxes (pages 16 and 32), the one-box path (pages 64 and 128) reading it after the
     # stage frees, right before the TMA, as before. A class constant like head_pages_early (an A/B
@@ -650,6 +655,12 @@ class MLADecode2WG(MLADecodeBase):
         if const_expr(early):
             for s in cutlass.range_constexpr(self.kv_stages):
                 blk = start + s * self.split_cluster
+                if const_expr(self.head_tiles_in_turn and s > 0):
+                    if r == begin_req:
+                        if blk < stop:  # the previous tile landed (its last group: the producer's phase flipped)
+                            last = self.k_pipes(pipe_k, self.kv_groups - 1)[0]
+                            paged_kv.poll_barrier(last.sync_object_full.get_barrier(prev.index), prev.phase ^ 1)
+                prev = k_prod.clone()
                 if blk < stop:
                     page = self.loader.pick_head_page(own[s], first[s], blk, seqlen, wg_tidx)
                     self.load_k(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx,
