@@ -83,11 +83,16 @@ class MLADecode2WG(MLADecodeBase):
     # request's length is back (``load_chunk_head``). A class constant like prefetch_next_chunk (an A/B
     # sets it False: the length first, as before).
     head_pages_early = True
-    # The CTA's first chunk: its second K tile goes out only once the first has landed (``load_head_tiles``).
-    # Why: at the kernel's start every CTA asks for Q and two tiles at once (19 MB at b64 s1 h128 1024, about
-    # 6.5 us of HBM on an H100), and the first QK needs only Q and tile 0; the second tile is needed a tile's
-    # time later. An A/B constant (entry_ab mode ``2wg-head-in-turn``).
-    head_tiles_in_turn = False
+    # The CTA's first chunk: its second K tile goes out only once the first has landed (``load_head_tiles``),
+    # where a CTA has at least ``head_tiles_in_turn_rows`` query rows per kv head. Why: at the kernel's start
+    # every CTA asks for Q and two tiles at once (19 MB at b64 s1 h128 1024, about 6.5 us of HBM on an H100),
+    # and the first QK needs only Q and tile 0; the second is needed a tile's time later. Paired on an H100
+    # (entry_ab mode ``2wg-head-in-turn``, docs/perf-notes.md, forty-second session; bit-identical): 0.987-0.995
+    # at 128-256 rows (b64 s1 h128 1024, b32 s2 h128 1024, b64 s2 h64 1024, b128 s1 h128 1024 and 4096), but
+    # 1.005-1.007 at 64 rows (b8 s1 h64 4096, where the tile is shorter than the second tile's trip).
+    # A class constant (an A/B sets it False).
+    head_tiles_in_turn = True
+    head_tiles_in_turn_rows = 65
     # A refill's page id read a tile early (``next_page_early``) on every TMA path; False: only where a
     # tile is several boxes (pages 16 and 32), the one-box path (pages 64 and 128) reading it after the
     # stage frees, right before the TMA, as before. A class constant like head_pages_early (an A/B
@@ -176,6 +181,8 @@ class MLADecode2WG(MLADecodeBase):
             # group there, and outside ``kv_groups_rows`` / ``kv_groups_sq``, where they did not win (``kv_groups``).
             # The instance's value shadows the class constant before the skeleton reads it.
             self.kv_groups = 1
+        if self.head_tiles_in_turn and rows < self.head_tiles_in_turn_rows:
+            self.head_tiles_in_turn = False  # (the instance's value shadows the class constant)
         super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k, multicast, split_cluster)
 
     def kv_col_groups(self) -> tuple:
@@ -642,7 +649,9 @@ class MLADecode2WG(MLADecodeBase):
         (``head_page_ids``) need only the plan row, so they go out beside the loads of the request's
         length, and the tiles' TMA follows once both are back. Without it the length comes first (the
         page clamp and the chunk's end need it), then each tile's page id, then its TMA: two dependent
-        global loads between the plan row and a chunk's first data instead of one."""
+        global loads between the plan row and a chunk's first data instead of one. With
+        ``head_tiles_in_turn`` (on this path) the CTA's first chunk issues each tile after the previous one
+        landed, so that Q and the first tile are not shared out with the second at the kernel's start."""
         early = self.head_pages_early and paged_kv.uses_tma(self.page_size)
         if const_expr(early):
             head = self.chunk_start(r, begin_req, begin_block)
