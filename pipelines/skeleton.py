@@ -105,9 +105,6 @@ class MLADecodeBase:
     # in the seesaw's max-first order 1-4% slower (thirty-second session; paired on an H100,
     # docs/perf-notes.md). A class constant (an A/B sets it).
     k_wait_spin = False
-    # The K stage index of a wgmma operand marked warp-uniform (``cute.arch.make_warp_uniform``) where QK and
-    # P.V take it (``stage_of``). An A/B constant (off).
-    uniform_stage = False
     # Programmatic dependent launch of this kernel (``dependent_launch``): the grid may be scheduled
     # while the kernel before it in the stream (the previous decode's merge, the split planner)
     # finishes, and waits in griddepcontrol.wait, before its first global access, for that kernel to
@@ -501,19 +498,11 @@ class MLADecodeBase:
         (neither fenced nor committed: the caller's wait and ``warpgroup.fence`` come first, its commit
         after); ``starts``: the first step overwrites the accumulator (a chain's first blocks)."""
         steps = paged_kv.COL_BLOCK // 16
-        stage = self.stage_of(stage)
         for bi in cutlass.range_constexpr(len(cols)):
             for kk in cutlass.range_constexpr(steps):
                 k = cols[bi] * steps + kk
                 mma_qk.set(warpgroup.Field.ACCUMULATE, not starts or bi != 0 or kk != 0)
                 cute.gemm(mma_qk, acc_s, tSrQ[None, None, k], tSrK[None, None, k, stage], acc_s)
-
-    @cute.jit
-    def stage_of(self, stage):
-        """``stage`` as a wgmma operand's stage index: marked warp-uniform with ``uniform_stage``."""
-        if const_expr(self.uniform_stage):
-            stage = cute.arch.make_warp_uniform(stage)
-        return stage
 
     @cute.jit
     def issue_pv(self, acc_o, tOrP, tOrV, stage, p_in_registers: cutlass.Constexpr[bool] = False):

@@ -575,7 +575,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         from smem. A fresh MMA object: its ACCUMULATE state must not escape the caller's branch."""
         _, mma_rs, mma_ss = self.tiled_mmas()
         tiled_mma = mma_rs if const_expr(rs) else mma_ss
-        stage = self.stage_of(stage)
         if const_expr(first):
             warpgroup.fence()
         for k in cutlass.range_constexpr(cute.size(tOrP, mode=[2])):
@@ -714,7 +713,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         that P.V retired."""
         C = self.split_cluster
         full = t1 + 2 * C < stop
-        stage_b = self.stage_of(b0.index)
+        stage_b = b0.index
         valid1 = seqlen - t1 * BLOCK_N
         self.loader.consumer_wait(pipe_g0, b0)
         self.zero_tail_v_rows(sK, stage_b, valid1, 0, HALF, wg_tidx, int(Bar.WG0), steady)
@@ -776,7 +775,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         softmax, before any P.V, so that WG1's softmax of t1 runs beside this warpgroup's P.V of t0; P0 crosses
         over only after m1 came back, rescaled to m1."""
         C = self.split_cluster
-        stage_a = self.stage_of(a0.index)
+        stage_a = a0.index
         full = t1 + 2 * C < stop
         self.mark(0, wg_tidx, full)
         page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)
@@ -847,8 +846,8 @@ class MLADecodeSeesaw(MLADecodeBase):
         the softmax of t1 (m1), m1 back to WG0, P1 to smem and O_R += P1.V_R(t1) (RS); then on P0 (relative to
         m1) O_R += P0.V_R(t0) (SS). Ends with QK(t1') of the next pair retired in ``acc_s``."""
         C = self.split_cluster
-        stage_a = self.stage_of(a0.index)
-        stage_b = self.stage_of(b0.index)
+        stage_a = a0.index
+        stage_b = b0.index
         full = t1 + 2 * C < stop
         self.mark(12, wg_tidx, full)
         page_a, page_b = self.refill_pages(is_producer, mBlockTable, r, t0, seqlen, wg_tidx)

@@ -84,9 +84,7 @@ MODES = {
     # the scoring warpgroups issue the loads, as on the gather pages (QK(t1') takes G0 first: other sums)
     "seesaw-consumer-loads": ("seesaw", dict(producer_warpgroup=False), False),
     "seesaw-evict-first": ("seesaw", dict(kv_l2_hint="evict_first"), False),
-    "seesaw-no-l2": ("seesaw", dict(producer_l2_ahead=False), True),
-    "seesaw-uniform-stage": ("seesaw", dict(uniform_stage=True), True),  # wgmma stage indices marked warp-uniform
-    "2wg-uniform-stage": ("2wg", dict(uniform_stage=True), True),  # the library's without the L2 prefetch
+    "seesaw-no-l2": ("seesaw", dict(producer_l2_ahead=False), True),  # the library's without the L2 prefetch
     "seesaw-no-early": ("seesaw", dict(early_releases=False), True),  # WG0's QK(t0') not split (G0(t1) after it)
     "seesaw-mc": ("seesaw", dict(multicast_cluster=True), True),  # in a multicast cluster (the config's, 2wg's)
     # the K waits in front of a QK poll (test_wait) instead of try_wait (``k_wait_spin``, 31st session)
