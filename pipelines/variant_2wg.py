@@ -88,9 +88,9 @@ class MLADecode2WG(MLADecodeBase):
     # every CTA asks for Q and two tiles at once (19 MB at b64 s1 h128 1024, about 6.5 us of HBM on an H100),
     # and the first QK needs only Q and tile 0; the second is needed a tile's time later. Paired on an H100
     # (entry_ab mode ``2wg-head-in-turn``, docs/perf-notes.md, forty-second session; bit-identical): 0.987-0.995
-    # at 128-256 rows (b64 s1 h128 1024, b32 s2 h128 1024, b64 s2 h64 1024, b128 s1 h128 1024 and 4096), but
-    # 1.005-1.007 at 64 rows (b8 s1 h64 4096, where the tile is shorter than the second tile's trip).
-    # A class constant (an A/B sets it False).
+    # at 128-256 rows (b64 s1 h128 1024, b32 s2 h128 1024, b64 s2 h64 1024, b128 s1 h128 1024 and 4096; 0.3-1.2%
+    # faster on four more), 0.2-0.8% slower on two small-batch 128-row rows (b1 s1 h128 16384, b8 s1 h128 4096),
+    # and 1.005-1.007 at 64 rows (b8 s1 h64 4096), where it is not taken. A class constant (an A/B sets it False).
     head_tiles_in_turn = True
     head_tiles_in_turn_rows = 65
     # A refill's page id read a tile early (``next_page_early``) on every TMA path; False: only where a
@@ -666,10 +666,11 @@ class MLADecode2WG(MLADecodeBase):
                 blk = start + s * self.split_cluster
                 if const_expr(self.head_tiles_in_turn and s > 0):
                     if r == begin_req:
-                        if blk < stop:  # the previous tile landed (its last group: the producer's phase flipped)
-                            last = self.k_pipes(pipe_k, self.kv_groups - 1)[0]
+                        if blk < stop:  # the previous tile's last-issued group landed (full barrier: the
+                            last = self.k_pipes(pipe_k, self.kv_groups - 1)[0]  # producer's phase, flipped)
                             paged_kv.poll_barrier(last.sync_object_full.get_barrier(prev.index), prev.phase ^ 1)
-                prev = k_prod.clone()
+                if const_expr(self.head_tiles_in_turn):
+                    prev = k_prod.clone()
                 if blk < stop:
                     page = self.loader.pick_head_page(own[s], first[s], blk, seqlen, wg_tidx)
                     self.load_k(tma_k, mK, sK, mBlockTable, pipe_k, k_prod, r, blk, seqlen, kv_head, wg_tidx,
