@@ -130,10 +130,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # ``seesaw_timeline.py`` shows a refill landing about 2400 cycles after its release, on the next QK's
     # path. A class constant (an A/B sets it on a subclass).
     producer_l2_ahead = True
-    # With ``l2_ahead``: how many pairs ahead of the pair just loaded the producer prefetches into L2 (1: the
-    # next pair, tiles t + 2 and t + 3; 2: also the one after, so a chunk's first loads prefetch two pairs and
-    # each later pair the one two ahead). A class constant (an A/B sets it on a subclass).
-    l2_ahead_pairs = 1
     # With the producer (``early``): WG0 issues QK(t0') as two commit groups and releases G0 of t1 between them,
     # once PV_L(t1) retired, instead of after the whole QK (whose G1 half waits for its refill): a refill lands
     # about 2000 cycles after its release, on a QK's path (``seesaw_timeline.py``). A class constant (an A/B
@@ -496,20 +492,11 @@ class MLADecodeSeesaw(MLADecodeBase):
                                    page0, G1_COLS)
                 p1.advance()
             if const_expr(self.l2_ahead):
-                D = self.l2_ahead_pairs
                 for ahead in cutlass.range_constexpr(2):
-                    blk = t0 + (2 * D + ahead) * C
+                    blk = t0 + (2 + ahead) * C
                     if blk < stop:
                         page_ahead = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
                         self.loader.prefetch_tile(tma_k, mK, sK, blk, kv_head, page_ahead, wg_tidx)
-                if const_expr(D > 1):
-                    # The chunk's first pair: also the pairs between it and the one D ahead.
-                    if t0 == start:
-                        for ahead in cutlass.range_constexpr(2 * (D - 1)):
-                            blk = t0 + (2 + ahead) * C
-                            if blk < stop:
-                                page_ahead = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
-                                self.loader.prefetch_tile(tma_k, mK, sK, blk, kv_head, page_ahead, wg_tidx)
         return p0, p1
 
     @cute.jit

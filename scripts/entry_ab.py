@@ -85,7 +85,6 @@ MODES = {
     "seesaw-consumer-loads": ("seesaw", dict(producer_warpgroup=False), False),
     "seesaw-evict-first": ("seesaw", dict(kv_l2_hint="evict_first"), False),
     "seesaw-no-l2": ("seesaw", dict(producer_l2_ahead=False), True),  # the library's without the L2 prefetch
-    "seesaw-l2-2pairs": ("seesaw", dict(l2_ahead_pairs=2), True),  # the L2 prefetch two pairs ahead (one: library)
     "seesaw-no-early": ("seesaw", dict(early_releases=False), True),  # WG0's QK(t0') not split (G0(t1) after it)
     "seesaw-mc": ("seesaw", dict(multicast_cluster=True), True),  # in a multicast cluster (the config's, 2wg's)
     # the K waits in front of a QK poll (test_wait) instead of try_wait (``k_wait_spin``, 31st session)
