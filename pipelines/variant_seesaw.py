@@ -587,7 +587,8 @@ class MLADecodeSeesaw(MLADecodeBase):
         iteration (0-27), ``full`` when the iteration has t1 and a next pair, or of its chunk in ``role`` (28-41:
         chunk start, Q landed, first QK retired, loop done, chunk stored, last iteration, a full iteration
         returned; WG0's even, WG1's odd), 42 / 43 when QK(t0') / QK(t1')'s refilled group landed, or of the
-        producer's warp 0 (44-47: after each load of a pair). Nothing in the library."""
+        producer's warp 0 (44-47: after each load of a pair), 48 / 49 when QK(t0') / QK(t1')'s first group
+        landed. Nothing in the library."""
         pass
 
     def spreads_copies(self) -> bool:
@@ -687,12 +688,16 @@ class MLADecodeSeesaw(MLADecodeBase):
     @cute.jit
     def issue_qk_two_groups(self, acc_s, tSrQ, tSrK, stage, first_cols: cutlass.Constexpr,
                             second_cols: cutlass.Constexpr, pipe_first, state_first, pipe_second, state_second,
-                            mark_second: cutlass.Constexpr[int] = -1, wg_tidx=None, full=None):
+                            mark_second: cutlass.Constexpr[int] = -1, wg_tidx=None, full=None,
+                            mark_first: cutlass.Constexpr[int] = -1):
         """S = Q.K^T of the tile in ``stage``, behind whatever wgmma group the caller has in flight: the
         column blocks of the group expected first, then the other group's, each after its full barrier;
-        committed as one group, not waited for. ``mark_second``: the probe's event once the second group landed."""
+        committed as one group, not waited for. ``mark_first`` / ``mark_second``: the probe's events once the first
+        / second group landed."""
         mma_qk, _, _ = self.tiled_mmas()  # fresh: its ACCUMULATE state must not escape the caller's branch
         self.loader.consumer_wait(pipe_first, state_first, self.k_wait_spin)
+        if const_expr(mark_first >= 0):
+            self.mark(mark_first, wg_tidx, full)
         # A barrier wait is a loop (a branch) inside the wgmma chain: an explicit fence after it, or ptxas
         # injects one in the loop's divergent path and serializes every wgmma (info C7520).
         warpgroup.fence()
@@ -731,6 +736,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 # before the wait for G1's blocks, which land last. (Only with the producer: no refill here.)
                 mma_qk, _, _ = self.tiled_mmas()
                 self.loader.consumer_wait(pipe_g0, n0, self.k_wait_spin)
+                self.mark(48, wg_tidx, full)
                 warpgroup.fence()
                 self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G0_COLS, True)
                 warpgroup.commit_group()
@@ -934,7 +940,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 if const_expr(not self.with_producer):
                     first, second = second, first
                 self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, first[0], second[0], first[1], first[2],
-                                         second[1], second[2], 43, wg_tidx, full)
+                                         second[1], second[2], 43, wg_tidx, full, 49)
                 self.mark(23, wg_tidx, full)
                 warpgroup.wait_group(0)
                 self.mark(24, wg_tidx, full)

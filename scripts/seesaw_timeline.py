@@ -56,9 +56,11 @@ EVENTS = (
     "wg0 t0's G1 refill landed", "wg1 t1's G0 refill landed",
     # the producer's warp 0, loads of the next pair (counted in the iteration they go out in)
     "prod G0(t0') issued", "prod G1(t1') issued", "prod G1(t0') issued", "prod G0(t1') issued",
+    # the first group of the next pair's QKs landed (WG0: G0 of t0', WG1: G1 of t1')
+    "wg0 t0's G0 refill landed", "wg1 t1's G1 refill landed",
 )
 CHUNK_EVENTS = range(28, 40)
-WG1_EVENTS_LATE = {41, 43}
+WG1_EVENTS_LATE = {41, 43, 49}
 PRODUCER_EVENTS = range(44, 48)
 WG1_EVENTS = set(range(12, 25)) | {26, 27} | WG1_EVENTS_LATE
 SLOTS = 2 * len(EVENTS)
