@@ -197,12 +197,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # at b32 s2 h128 4096, 0.998-1.007 on long chunks (b128 s2 h128 4096, b128 s1 h128 16384). Thresholds 4 and 8
     # measured too: no better overall (4: 1.006-1.014 at b32 s1 h64 1024).
     steady_min_steps = 2
-    # With the producer, the CTA's first chunk loads its first pair in turn: t0 whole (G0, then G1), then, once t0
-    # landed, t1, and only once t1's last group landed the L2 prefetch of the next pair (``produce_pairs``). Why: at
-    # the kernel's start every CTA asks for Q, its first pair and the prefetch at once (28 MB over the grid at b64 s1
-    # h128 1024), and ``seesaw_timeline.py`` (H100) has its first QKs retiring 16000-18900 cycles after the chunk
-    # start, with the CTAs' spans spread over about 7500 cycles (FlashMLA's about 2900). An A/B constant (off).
-    head_in_turn = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
@@ -451,13 +445,13 @@ class MLADecodeSeesaw(MLADecodeBase):
                 q_prod.advance()
             if warp < self.loader.producer_warps:
                 p0, p1 = self.produce_pairs(wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable,
-                                            pipe_g0, pipe_g1, p0, p1, r == begin_req)
+                                            pipe_g0, pipe_g1, p0, p1)
             if const_expr(C > 1):
                 self.cluster_idle()  # the chunk's epilogue barriers (it reduces in the K stages)
 
     @cute.jit
     def produce_pairs(self, wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable, pipe_g0, pipe_g1,
-                      p0, p1, first_chunk=False):
+                      p0, p1):
         """The producer's loads of one chunk, pair by pair, in the order the max-first iteration frees the
         groups: G0 of t0 (after WG0's P.V of t0), G1 of t1 (after WG1's P.V of t1), G1 of t0 (after WG1's
         P.V of t0), G0 of t1 (after WG0's P.V of t1). Why: one queue in tile order would hold G1 of t1 behind
@@ -467,18 +461,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         only for releases of the previous pair, so the order cannot deadlock. ``p0`` / ``p1`` advance in tile
         order as in ``produce``."""
         C = self.split_cluster
-        first = start
-        if const_expr(self.head_in_turn):
-            if first_chunk:
-                first = self.produce_head_pair(wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable,
-                                               pipe_g0, pipe_g1, p0, p1)
-                if first > start:
-                    p0.advance()
-                    p1.advance()
-                    if start + C < stop:
-                        p0.advance()
-                        p1.advance()
-        for t0 in cutlass.range(first, stop, 2 * C, unroll=1):
+        for t0 in cutlass.range(start, stop, 2 * C, unroll=1):
             t1 = t0 + C
             page0 = self.loader.page_id(mBlockTable, r, t0, seqlen, wg_tidx)
             self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t0, seqlen, kv_head, wg_tidx,
@@ -515,45 +498,6 @@ class MLADecodeSeesaw(MLADecodeBase):
                         page_ahead = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
                         self.loader.prefetch_tile(tma_k, mK, sK, blk, kv_head, page_ahead, wg_tidx)
         return p0, p1
-
-    @cute.jit
-    def produce_head_pair(self, wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable, pipe_g0, pipe_g1,
-                          p0, p1):
-        """``head_in_turn``: the chunk's first pair (if the chunk has a tile) in turn: G0 and G1 of t0, then (t0
-        landed: its G1's full barrier, the producer's phase flipped) G1 and G0 of t1, then (t1's G0 landed) the L2
-        prefetch of the next pair. Returns the start of the pairs ``produce_pairs`` still loads; the caller
-        advances ``p0`` / ``p1`` past the groups loaded here (the states are read, not advanced, so that both
-        paths leave them as the loop does)."""
-        C = self.split_cluster
-        first = start
-        if start < stop:
-            first = start + 2 * C
-            t1 = start + C
-            q0 = p0.clone()
-            q1 = p1.clone()
-            page0 = self.loader.page_id(mBlockTable, r, start, seqlen, wg_tidx)
-            self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, q0, r, start, seqlen, kv_head, wg_tidx, page0,
-                               G0_COLS)
-            self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, start, seqlen, kv_head, wg_tidx, page0,
-                               G1_COLS)
-            if t1 < stop:
-                page1 = self.loader.page_id(mBlockTable, r, t1, seqlen, wg_tidx)
-                paged_kv.poll_barrier(pipe_g1.sync_object_full.get_barrier(q1.index), q1.phase ^ 1)
-                q0.advance()
-                q1.advance()
-                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx, page1,
-                                   G1_COLS)
-                self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, q0, r, t1, seqlen, kv_head, wg_tidx, page1,
-                                   G0_COLS)
-                if const_expr(self.l2_ahead):
-                    paged_kv.poll_barrier(pipe_g0.sync_object_full.get_barrier(q0.index), q0.phase ^ 1)
-            if const_expr(self.l2_ahead):
-                for ahead in cutlass.range_constexpr(2):
-                    blk = start + (2 + ahead) * C
-                    if blk < stop:
-                        page_ahead = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
-                        self.loader.prefetch_tile(tma_k, mK, sK, blk, kv_head, page_ahead, wg_tidx)
-        return first
 
     @cute.jit
     def produce_group(self, tma_k, mK, sK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, wg_tidx, page, cols):

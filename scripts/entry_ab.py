@@ -107,8 +107,6 @@ MODES = {
     "seesaw-steady-min2": ("seesaw", dict(steady_min_steps=2), True),
     "seesaw-steady-min4": ("seesaw", dict(steady_min_steps=4), True),
     "seesaw-steady-min8": ("seesaw", dict(steady_min_steps=8), True),
-    # the CTA's first pair loaded in turn (t0, then t1 once t0 landed, then the L2 prefetch once t1 landed)
-    "seesaw-head-in-turn": ("seesaw", dict(head_in_turn=True), True),
     # (the 64-row kernel's loops only: at <= 32 rows per kv head the narrow kernel has no steady split)
     "2wg-steady": ("2wg", dict(steady_loop=True), True),
     # and only where it covers at least 2 / 4 / 8 tiles (2wg's steps are tiles)
