@@ -265,12 +265,13 @@ class DecodeEntry:
             merge_y = self.merge.in_grid_y(merge_tiles, num_splits.shape[0] - 1, tile_scheduler_metadata.shape[0])
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
                     o_accum, lse_accum, softmax_scale, in_grid, merge_y, stream)
-        if in_grid == 0:
-            # Second stage: requests with one chunk were written by the main kernel; the merge skips
-            # them. Chained by programmatic dependent launch: the main kernel lets it be scheduled as
-            # soon as every main CTA runs, so its launch overlaps the main kernel instead of following it.
-            self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, merge_tiles, stream,
-                       use_pdl=True)
+        if cutlass.const_expr(self.decode.merge_launch):  # (False only in an A/B's measurement)
+            if in_grid == 0:
+                # Second stage: requests with one chunk were written by the main kernel; the merge skips
+                # them. Chained by programmatic dependent launch: the main kernel lets it be scheduled as
+                # soon as every main CTA runs, so its launch overlaps the main kernel instead of following it.
+                self.merge(o_accum, lse_accum, num_splits, tile_scheduler_metadata, out, lse, merge_tiles, stream,
+                           use_pdl=True)
 
     @cute.jit
     def merge_tiles(self, block_table: cute.Tensor):

@@ -118,6 +118,11 @@ class MLADecodeBase:
     # ``split_k.merge_kernel.SplitMerge`` whose ``merge_slot`` the CTAs run). A class constant.
     in_grid_merge = False
     merger = None
+    # Whether a call launches the split-kv merge kernel after this one where it does not merge in its grid. Only
+    # an A/B sets it False (``scripts/entry_ab.py`` modes ``*-no-merge``), to time what that launch costs on a
+    # plan that splits no request; with a split request the output would lack its merge (entry_ab refuses a
+    # mode whose output differs from the baseline's). A class constant.
+    merge_launch = True
     # Rows of Q's shared-memory tile and TMA box: one wgmma M. A variant that serves fewer query rows
     # per CTA (the narrow 2wg kernel, 16 or 32) loads and keeps only those, which frees shared memory.
     q_tile_rows = BLOCK_M

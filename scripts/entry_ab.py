@@ -107,6 +107,9 @@ MODES = {
     "seesaw-steady-min2": ("seesaw", dict(steady_min_steps=2), True),
     "seesaw-steady-min4": ("seesaw", dict(steady_min_steps=4), True),
     "seesaw-steady-min8": ("seesaw", dict(steady_min_steps=8), True),
+    # no merge kernel launched after the decode (skeleton ``merge_launch``; only on plans that split no request)
+    "seesaw-no-merge": ("seesaw", dict(merge_launch=False), True),
+    "2wg-no-merge": ("2wg", dict(merge_launch=False), True),
     # (the 64-row kernel's loops only: at <= 32 rows per kv head the narrow kernel has no steady split)
     "2wg-steady": ("2wg", dict(steady_loop=True), True),
     # and only where it covers at least 2 / 4 / 8 tiles (2wg's steps are tiles)
