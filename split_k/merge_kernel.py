@@ -34,9 +34,10 @@ twice as wide): two compiled kernels, because 16 loads in flight take 98 registe
 per SM) and 8 take 62 (4 CTAs of 8 warps, or 8 of 4): where requests have at most 8 chunks both take one
 round, and the narrow kernel's occupancy wins (H200, b8 1024 keys: 0.8-1.0 us of 14-16); at 9-16 chunks of
 requests of 64 rows or more its two warps per row-chunk are still as fast or faster (``WIDE_ABOVE``). ``Y`` is
-the units per slot, ``ceil(units(n_est) / (n_est - 1))``; skewed plans only make some CTAs loop more, and idle CTAs (but
-CTA (0, 0)) return without waiting for the main kernel. The choice depends on shapes only (b, num_parts, the block
-table's width), so a captured graph keeps it.
+the units per slot, ``ceil(units(n_est) / (n_est - 1))``, at most ``GRID_CTAS // num_parts`` (CTAs then loop over
+more units: a grid of thousands of CTAs that find nothing to merge costs its waves after the decode); skewed
+plans only make some CTAs loop more, and idle CTAs (but CTA (0, 0)) return without waiting for the main kernel.
+The choice depends on shapes only (b, num_parts, the block table's width), so a captured graph keeps it.
 
 Inside a warp the merge is an online softmax over the warp's own splits: each round issues the
 loads of up to ``L`` splits (their lse and 4 columns of their partial per lane) before
@@ -125,6 +126,18 @@ def smem_views(f32_ptr):
     return sAcc, sM, sS
 
 
+GRID_CTAS = 2048
+"""Most CTAs of the merge grid (``grid_y`` caps ``Y`` at ``max(GRID_CTAS // num_parts, 1)``; the units of a
+slot then take more turns of the CTAs' grid-stride loop). Why: ``Y`` is sized for requests that all split into
+``n_est`` chunks, and at ``n_est`` 2 (batches of 32-128 requests) it is ``units`` itself, 64-256: grids of about
+8400 CTAs. Where the plan splits nothing, all of them but one return after one plan read, yet they are scheduled
+after the decode grid (whose CTAs leave no room on its SMs) in waves: paired on an H100 (``scripts/merge_tail.py``,
+docs/perf-notes.md, forty-fourth session) that cost 4.5-6 us at b64 s1 h128 1024 and b32 s2 h128 1024 (41.9 ->
+37.3 and 41.5 -> 35.7 us with 2048) and about 0.8 us at b128 s1 h128 1024; with 2048 the rows whose plans split
+32-60 requests took the same time (b32 s1 h128 4096, b128 s1 h128 4096 varlen, b128 s2 h128 4096), where a cap
+of 1024 made them 5-8 us slower. About two waves of the narrow kernel's 4-warp CTAs on 132 SMs."""
+
+
 def loads_in_flight(partial_bytes: int) -> int:
     """The most splits per round of one warp, for partials of ``partial_bytes`` bytes per element."""
     return LOADS_WIDE if partial_bytes <= 2 else LOADS_NARROW
@@ -186,10 +199,12 @@ def units_per_request(rows: int, n: int, loads: int = LOADS_WIDE, warps: int = W
 
 def grid_y(rows: int, batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE,
            max_tiles: int | None = None) -> int:
-    """The grid's second extent (CTAs per slot), as the host code of ``SplitMerge`` computes it."""
+    """The grid's second extent (CTAs per slot), as the host code of ``SplitMerge`` computes it: the units per
+    slot at ``n_est`` chunks, at most ``GRID_CTAS // num_parts`` (at least 1)."""
     n = estimated_chunks(batch_size, num_parts, max_tiles)
     loads = kernel_loads(batch_size, num_parts, max_loads, max_tiles, rows)
-    return max(-(-units_per_request(rows, n, loads, kernel_warps(loads, max_loads)) // (n - 1)), 1)
+    y = max(-(-units_per_request(rows, n, loads, kernel_warps(loads, max_loads)) // (n - 1)), 1)
+    return min(y, max(GRID_CTAS // max(num_parts, 1), 1))
 
 
 def in_grid_y(rows: int, batch_size: int, num_parts: int, max_loads: int = LOADS_WIDE,
@@ -307,7 +322,8 @@ class SplitMerge:
     def launch(self, mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, stream, use_pdl: cutlass.Constexpr[bool],
                n_est: Int32, loads: cutlass.Constexpr[int]):
         warps = kernel_warps(loads, self.max_loads)
-        y = self._grid_y(n_est, loads, warps)
+        # At most GRID_CTAS CTAs (``grid_y``): the merge's grid-stride loop covers a slot's units with fewer.
+        y = cutlass.min(self._grid_y(n_est, loads, warps), cutlass.max(Int32(GRID_CTAS) // mMeta.shape[0], Int32(1)))
         self.kernel(mOaccum, mLSEaccum, mNumSplits, mMeta, mO, mLSE, loads, warps).launch(
             grid=[mMeta.shape[0], y, 1], block=[32 * warps, 1, 1], smem=self.shared_storage.size_in_bytes(),
             stream=stream, use_pdl=use_pdl)

@@ -191,6 +191,33 @@ def test_merge_kernel_units_cover_every_split_row_once(seed):
     assert set(seen) == want
 
 
+def test_merge_grid_is_capped_and_still_covers_every_split_row_once():
+    """At ``n_est`` 2 (big batches) the merge grid's ``Y`` would be a slot's units, 128 at 128 rows: about 8400
+    CTAs, nearly all of which find nothing to merge where nothing is split. ``grid_y`` caps the grid at
+    ``GRID_CTAS`` CTAs; the CTAs' grid-stride loop then takes several units each, and a plan that does split
+    (long requests among short ones, so ``n_est`` stays 2 while requests get 3 chunks) is still merged exactly
+    once per split row."""
+    from split_k import merge_kernel, planner
+    rows, parts, tiles = 128, 66, 64
+    lengths = [tiles * 64] * 8 + [64] * 56
+    assert merge_kernel.estimated_chunks(len(lengths), parts, tiles) == 2
+    uncapped = merge_kernel.units_per_request(rows, 2, merge_kernel.LOADS_NARROW, merge_kernel.NARROW_WARPS)
+    y = merge_kernel.grid_y(rows, len(lengths), parts, merge_kernel.LOADS_WIDE, tiles)
+    assert y == merge_kernel.GRID_CTAS // parts < uncapped == 128
+    assert parts * y <= merge_kernel.GRID_CTAS
+    meta, splits = planner.plan(lengths, parts)
+    n_of = [int(splits[r + 1] - splits[r]) for r in range(len(lengths))]
+    assert max(n_of) >= 3  # split, with more slots than n_est assumed
+    work = merge_kernel.unit_assignment(meta, splits, rows, merge_kernel.LOADS_WIDE, tiles)
+    assert max(cta_y for _, cta_y in work) < y
+    seen = [(r, row, c0, i) for items in work.values() for r, row, c0, _, mine in items for i in mine]
+    assert len(seen) == len(set(seen))
+    assert set(seen) == {(r, row, c, i) for r in range(len(lengths)) if n_of[r] > 1
+                         for row in range(rows) for c in range(0, 512, 128) for i in range(n_of[r])}
+    # Where Y is already small (few requests, many chunks each) the cap changes nothing.
+    assert merge_kernel.grid_y(128, 1, 132, merge_kernel.LOADS_WIDE, 256) < merge_kernel.GRID_CTAS // 132
+
+
 def test_merge_narrow_kernel_caps_warp_groups_at_its_warps():
     """The narrow kernel of 16-bit partials runs 4-warp CTAs (``NARROW_WARPS``): a request with more chunks
     than its estimate (a varlen plan) gets at most 4 warps per row-chunk, each taking several rounds, and
