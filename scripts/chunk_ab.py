@@ -64,6 +64,7 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=300)
     ap.add_argument("--passes", type=int, default=2)
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen")
+    ap.add_argument("--pipeline", default="2wg", help="the decode pipeline every plan runs (default 2wg)")
     args = ap.parse_args(argv)
 
     import torch
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     configs = [grid.Config(*(int(x) for x in t.split(","))) for t in args.config] or [grid.Config(*c) for c in CONFIGS]
     costs = [planner.FIXED_COST] + [c for c in (args.cost or ([] if args.prev else [4, 3, 2])) if c != planner.FIXED_COST]
-    print(f"{torch.cuda.get_device_name(0)}, 2wg, {args.replays} replays x {args.passes} passes")
+    print(f"{torch.cuda.get_device_name(0)}, {args.pipeline}, {args.replays} replays x {args.passes} passes")
     for cfg in configs:
         inp = bench.make_inputs(cfg, device="cuda", seed=0)
         lengths = cfg.seqlens()
@@ -112,7 +113,7 @@ def main(argv=None) -> int:
 
             def call(meta=meta, splits=splits, out=out):
                 mla.flash_mla_with_kvcache(inp.q, inp.k_cache, inp.block_table, inp.cache_seqlens, 512, meta,
-                                           splits, causal=cfg.causal, pipeline="2wg", out=out)
+                                           splits, causal=cfg.causal, pipeline=args.pipeline, out=out)
             call()
             fns[name], outs[name] = call, out
         torch.cuda.synchronize()
