@@ -132,10 +132,10 @@ slot then take more turns of the CTAs' grid-stride loop). Why: ``Y`` is sized fo
 ``n_est`` chunks, and at ``n_est`` 2 (batches of 32-128 requests) it is ``units`` itself, 64-256: grids of about
 8400 CTAs. Where the plan splits nothing, all of them but one return after one plan read, yet they are scheduled
 after the decode grid (whose CTAs leave no room on its SMs) in waves: paired on an H100 (``scripts/merge_tail.py``,
-docs/perf-notes.md, forty-fourth session) that cost 4.5-6 us at b64 s1 h128 1024 and b32 s2 h128 1024 (41.9 ->
-37.3 and 41.5 -> 35.7 us with 2048) and about 0.8 us at b128 s1 h128 1024; with 2048 the rows whose plans split
-32-60 requests took the same time (b32 s1 h128 4096, b128 s1 h128 4096 varlen, b128 s2 h128 4096), where a cap
-of 1024 made them 5-8 us slower. About two waves of the narrow kernel's 4-warp CTAs on 132 SMs."""
+docs/perf-notes.md, forty-fourth session) that cost 4.4-5.9 us at b64 s1 h128 1024 and b32 s2 h128 1024 (41.9 ->
+37.3 and 41.5 -> 35.7 us with 2048) and 0.5-1.1 us at b128 s1 h128 1024; with 2048 the rows whose plans split
+29-60 requests took the same time (b32 s1 h128 4096, b128 s1 h128 4096 varlen, b128 s2 h128 4096), where a cap
+of 1024 made them 2-8 us slower. About two waves of the narrow kernel's 4-warp CTAs on 132 SMs."""
 
 
 def loads_in_flight(partial_bytes: int) -> int:
