@@ -49,7 +49,7 @@ CASES = [
     ([20000] + [64] * 31, 1, 64, False, torch.bfloat16),
     ([16384], 2, 64, True, torch.bfloat16),
     # A big batch that splits a few requests: the merge grid's Y is capped (split_k.merge_kernel.GRID_CTAS: 31 of
-    # 128 CTAs per slot on 132 SMs), so each merge CTA loops over several units of the 3-chunk requests.
+    # 128 CTAs per slot on 132 SMs), so each merge CTA loops over several units of the 6-chunk requests.
     ([4096] * 8 + [64] * 56, 1, 128, False, torch.bfloat16),
     ([0, 0], 1, 16, False, torch.bfloat16),  # every row empty
     (varlen(64, 4096, seed=1, zeros=3), 1, 16, False, torch.bfloat16),
