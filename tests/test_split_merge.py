@@ -195,7 +195,7 @@ def test_merge_grid_is_capped_and_still_covers_every_split_row_once():
     """At ``n_est`` 2 (big batches) the merge grid's ``Y`` would be a slot's units, 128 at 128 rows: about 8400
     CTAs, nearly all of which find nothing to merge where nothing is split. ``grid_y`` caps the grid at
     ``GRID_CTAS`` CTAs; the CTAs' grid-stride loop then takes several units each, and a plan that does split
-    (long requests among short ones, so ``n_est`` stays 2 while requests get 3 chunks) is still merged exactly
+    (long requests among short ones, so ``n_est`` stays 2 while they get 6 chunks each) is still merged exactly
     once per split row."""
     from split_k import merge_kernel, planner
     rows, parts, tiles = 128, 66, 64
