@@ -233,6 +233,9 @@ class MLADecodeBase:
 
         sQ_layout, sK_layout, sP_layout = self.sQ_layout, self.sK_layout, self.sP_layout
         SharedStorage = self.shared_storage_struct(dtype, sQ_layout, sK_layout, sP_layout)
+        tiles = [cute.cosize(layout) * dtype.width // 8 for layout in (sQ_layout, sK_layout, sP_layout)]
+        assert all(size % 1024 == 0 for size in tiles[:2]), tiles  # back to back (``merge_buffer_bytes``)
+        self._merge_buffer_bytes = sum(tiles)
 
         self.shared_storage = SharedStorage
         scale_log2 = softmax_scale * Float32(math.log2(math.e))
@@ -494,15 +497,23 @@ class MLADecodeBase:
                     s_last[1] = end_last
                 # Thread 0's acquire, then every thread's reads of the other chunks' partials.
                 cute.arch.barrier(barrier_id=self.merge_barrier_id, number_of_threads=self.merge_threads)
-                warp = cute.arch.make_warp_uniform(mtidx // 32)
-                lane = mtidx % 32
-                warps = const_expr(self.merge_threads // 32)
+                # Q's tile, the K stages and P's tile, one run of shared memory (``merge_buffer_bytes``), free now:
+                # every load into them was waited for, every read of them done.
+                buf = storage.sQ.data_ptr()
                 if s_last[0] != 0:
-                    self.merger.merge_rows(begin_req, m_block * BLOCK_M, warp, lane, warps, mOaccum, mLSEaccum,
+                    self.merger.merge_rows(begin_req, m_block * BLOCK_M, mtidx, self.merge_threads,
+                                           self.merge_barrier_id, buf, self.merge_buffer_bytes(), mOaccum, mLSEaccum,
                                            mNumSplits, mO, mLSE)
                 if s_last[1] != 0:
-                    self.merger.merge_rows(end_req, m_block * BLOCK_M, warp, lane, warps, mOaccum, mLSEaccum,
+                    self.merger.merge_rows(end_req, m_block * BLOCK_M, mtidx, self.merge_threads,
+                                           self.merge_barrier_id, buf, self.merge_buffer_bytes(), mOaccum, mLSEaccum,
                                            mNumSplits, mO, mLSE)
+
+    def merge_buffer_bytes(self) -> int:
+        """Bytes of shared memory from Q's tile on that ``merge_by_last_chunk`` may use: Q's tile, the K stages
+        and P's tile, laid out back to back (each a multiple of their 1024-byte alignment; checked on the host
+        in ``__call__``, which sets ``_merge_buffer_bytes``)."""
+        return self._merge_buffer_bytes
 
     def make_pipelines(self, storage):
         """Q (``make_q_pipeline``) and K: ``kv_stages`` stages built by the loader; consumers = every

@@ -72,6 +72,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync
 
 from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, BELOW_TARGET, BLOCK_N, FIXED_COST
 
@@ -108,12 +109,11 @@ b1 s1 h64 1024; docs/perf-notes.md, twenty-first session); with 16-32 rows it wa
 once the narrow kernel took 4-warp CTAs (``NARROW_WARPS``; twenty-seventh section, 2): still 0.2-0.5 us slower at
 16-32 rows and n_est 16 (b8 s1 h32 1024 13.60 / 13.54 against 13.12 / 13.10 us, H100)."""
 WIDE_ABOVE_ROWS = 64
-# ``merge_rows`` (the merge by a request's last chunk, in the decode CTA): columns per lane (16-byte loads of
-# 16-bit partials, two of fp32), splits per round, half rows per warp and round (``row_items``), rows per call.
+# ``merge_rows`` (the merge by a request's last chunk, in the decode CTA): output columns per thread and step (16
+# bytes of out), rows per call, most chunks of one request (the plan's parts, ``split_k.last_chunk.MAX_PARTS``).
 ROW_LANE_COLS = 8
-ROW_SPLITS = 2
-ROW_ITEMS_16 = 8
 BLOCK_M_ROWS = 64
+MAX_ROW_SPLITS = 255
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
@@ -504,81 +504,101 @@ class SplitMerge:
                         mLSE[r, row % self.h_q, row // self.h_q] = lse
 
     @cute.jit
-    def merge_rows(self, r: Int32, row0: Int32, warp: Int32, lane: Int32, warps: cutlass.Constexpr[int],
+    def merge_rows(self, r: Int32, row0: Int32, mtidx: Int32, nthreads: cutlass.Constexpr[int],
+                   bar_id: cutlass.Constexpr[int], buf_ptr, buf_bytes: cutlass.Constexpr[int],
                    mOaccum: cute.Tensor, mLSEaccum: cute.Tensor, mNumSplits: cute.Tensor, mO: cute.Tensor,
                    mLSE: cute.Tensor):
-        """Merge rows ``row0 .. row0 + 63`` (those below ``rows``) of split request ``r`` by ``warps`` warps
-        (``warp`` this one's index among them): the merge by a request's last chunk (``split_k.last_chunk``),
-        run by the decode CTA that stored the last partial. No shared memory and no barrier: a warp takes
-        whole half rows (*items*, 256 columns, ``ROW_LANE_COLS`` per lane: 16-byte loads of 16-bit partials),
-        ``row_items`` at once, and folds the splits ``ROW_SPLITS`` per round into an online softmax, every
-        load of a round issued before any is used; the same arithmetic as ``merge_slot`` (lse in log2 units,
-        a chunk without a key weighs 0, a row without any key gets out 0 and lse +inf). Why whole rows per
-        warp in rounds of several: one CTA merges 64 rows here (the merge kernel spreads a request over
-        many), so its time is about its round trips to L2, two per warp at 2 splits."""
+        """Merge rows ``row0 .. row0 + 63`` (those below ``rows``) of split request ``r``: the merge by a request's
+        last chunk (``split_k.last_chunk``), run by the ``nthreads`` threads of the decode CTA that stored the
+        last partial (``mtidx``: this thread's index among them; named barrier ``bar_id`` of them), in the
+        shared memory at ``buf_ptr`` (``buf_bytes``, 16-byte aligned, free: the decode's stages).
+
+        1. Every thread issues cp.async copies of its share of the ``n`` partials' 64-row blocks into shared
+           memory (``stage_splits``: where ``n`` of them fit, else none), and the threads of the first 64 take
+           one row each: its ``n`` lse values, their max and sum, and the row's weights ``exp(lse_k - lse)``
+           into shared memory, the row's lse into ``lse`` (+inf for a row without any key).
+        2. After the copies landed (and a barrier), each thread sums ``w_k * partial_k`` for its 8-column
+           groups and stores them (16 bytes of ``out`` each).
+        Why staged: the same merge with every load in registers, unrolled over 8 half rows and 2 splits per
+        warp, ran 10-14 us slower at 2 chunks per request than the merge kernel (paired on an H100,
+        docs/perf-notes.md, forty-fifth session); here the copies are in flight together from a small loop and
+        the sums read shared memory. Where ``n`` exceeds what fits (skewed plans), the sums read the partials
+        from global memory instead (correct, slower)."""
         rows = self.rows
         base = mNumSplits[r]
         n = mNumSplits[r + 1] - base
-        items = const_expr(self.row_items())
-        half = HEAD_DIM_V // 2
-        split_elems = rows * HEAD_DIM_V
-        rPart = cute.make_rmem_tensor((ROW_LANE_COLS, ROW_SPLITS, items), self.partial_dtype)
-        rLse = cute.make_rmem_tensor((ROW_SPLITS, items), Float32)
-        acc = cute.make_rmem_tensor((ROW_LANE_COLS, items), Float32)
-        rM = cute.make_rmem_tensor(items, Float32)
-        rTotal = cute.make_rmem_tensor(items, Float32)
-        for it0 in cutlass.range(warp * items, 2 * BLOCK_M_ROWS, warps * items, unroll=1):
+        nrows = cutlass.min(rows - row0, Int32(BLOCK_M_ROWS))
+        pbytes = const_expr(self.partial_dtype.width // 8)
+        vec = const_expr(16 // pbytes)  # partial elements per 16-byte copy
+        pieces = const_expr(ROW_LANE_COLS // vec)  # copies per 8-column group
+        split_bytes = const_expr(BLOCK_M_ROWS * HEAD_DIM_V * pbytes)
+        cap = const_expr((buf_bytes - BLOCK_M_ROWS * 4 * 4) // split_bytes)  # splits that fit beside 4 weights per row
+        groups = HEAD_DIM_V // ROW_LANE_COLS  # 8-column groups per row
+        units = nrows * groups
+        staged = n <= cap
+        sStage = cute.make_tensor(cute.recast_ptr(buf_ptr, dtype=self.partial_dtype), cute.make_layout(
+            (vec, pieces * BLOCK_M_ROWS * groups, max(cap, 1)),
+            stride=(1, vec, BLOCK_M_ROWS * HEAD_DIM_V)))
+        w_off = Int32(0)
+        if staged:
+            w_off = Int32(cap * split_bytes // 4)
+        sW = cute.make_tensor(cute.recast_ptr(buf_ptr, dtype=Float32) + w_off, cute.make_layout(
+            (BLOCK_M_ROWS, MAX_ROW_SPLITS), stride=(1, BLOCK_M_ROWS)))
+        # The buffer may still be read by a previous merge of this CTA (its end_req after its begin_req).
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+        if staged:
+            atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                                       self.partial_dtype, num_bits_per_copy=128)
+            for k in cutlass.range(n, unroll=1):
+                for p in cutlass.range(mtidx, units * pieces, nthreads, unroll=1):
+                    row = p // (groups * pieces)
+                    c = p - row * (groups * pieces)
+                    cute.copy(atom, cute.local_tile(mOaccum[base + k, row0 + row, None], (vec,), (c,)),
+                              sStage[None, p, k])
+            cute.arch.cp_async_commit_group()
+        if mtidx < nrows:
+            row = row0 + mtidx
+            mx = -Float32.inf
+            for k in cutlass.range(n, unroll=1):
+                mx = cute.arch.fmax(mx, mLSEaccum[base + k, row] * Float32(LOG2E))
+            total = Float32(0.0)
+            if mx != -Float32.inf:  # (else no chunk saw a key: every weight 0)
+                for k in cutlass.range(n, unroll=1):
+                    w = cute.math.exp2(mLSEaccum[base + k, row] * Float32(LOG2E) - mx, fastmath=True)
+                    sW[mtidx, k] = w
+                    total += w
+            lse = Float32.inf
+            inv = Float32(0.0)
+            if total > Float32(0.0):
+                inv = Float32(1.0) / total
+                lse = (mx + cute.math.log2(total, fastmath=True)) * Float32(LN2)
+                for k in cutlass.range(n, unroll=1):
+                    sW[mtidx, k] = sW[mtidx, k] * inv
+            else:
+                for k in cutlass.range(n, unroll=1):
+                    sW[mtidx, k] = Float32(0.0)
+            mLSE[r, row % self.h_q, row // self.h_q] = lse
+        if staged:
+            cute.arch.cp_async_wait_group(0)
+        cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+        acc = cute.make_rmem_tensor(ROW_LANE_COLS, Float32)
+        rPart = cute.make_rmem_tensor(ROW_LANE_COLS, self.partial_dtype)
+        rOut = cute.make_rmem_tensor(ROW_LANE_COLS, mO.element_type)
+        for u in cutlass.range(mtidx, units, nthreads, unroll=1):
+            row = u // groups
+            g = u - row * groups
             acc.fill(0.0)
-            rTotal.fill(0.0)
-            for i in cutlass.range_constexpr(items):
-                rM[i] = -Float32.inf
-            for s0 in cutlass.range(0, n, ROW_SPLITS, unroll=1):
-                for i in cutlass.range_constexpr(items):
-                    row = row0 + (it0 >> 1) + i // 2  # it0 is even: item it0 + i is half i % 2 of its row
-                    col0 = (i % 2) * half + lane * ROW_LANE_COLS
-                    for k in cutlass.range_constexpr(ROW_SPLITS):
-                        rLse[k, i] = -Float32.inf
-                        if (row < rows) & (s0 + k < n):
-                            offset = cute.assume(cutlass.Int64(base + s0 + k) * split_elems
-                                                 + Int32(row * HEAD_DIM_V + col0), divby=ROW_LANE_COLS)
-                            gPart = cute.make_tensor(mOaccum.iterator + offset, cute.make_layout(ROW_LANE_COLS))
-                            cute.autovec_copy(gPart, rPart[None, k, i])
-                            rLse[k, i] = mLSEaccum[base + s0 + k, row]
-                for i in cutlass.range_constexpr(items):
-                    round_max = -Float32.inf
-                    for k in cutlass.range_constexpr(ROW_SPLITS):
-                        round_max = cute.arch.fmax(round_max, rLse[k, i])
-                    m_new = cute.arch.fmax(rM[i], round_max * Float32(LOG2E))
-                    if m_new != -Float32.inf:
-                        rescale = cute.math.exp2(rM[i] - m_new, fastmath=True)
-                        rTotal[i] = rTotal[i] * rescale
-                        for c in cutlass.range_constexpr(ROW_LANE_COLS):
-                            acc[c, i] = acc[c, i] * rescale
-                        for k in cutlass.range_constexpr(ROW_SPLITS):
-                            if rLse[k, i] != -Float32.inf:
-                                w = cute.math.exp2(rLse[k, i] * Float32(LOG2E) - m_new, fastmath=True)
-                                rTotal[i] = rTotal[i] + w
-                                for c in cutlass.range_constexpr(ROW_LANE_COLS):
-                                    acc[c, i] = acc[c, i] + w * Float32(rPart[c, k, i])
-                        rM[i] = m_new
-            for i in cutlass.range_constexpr(items):
-                row = row0 + (it0 >> 1) + i // 2
-                col0 = (i % 2) * half + lane * ROW_LANE_COLS
-                if row < rows:
-                    inv = Float32(0.0)
-                    lse = Float32.inf
-                    if rTotal[i] > Float32(0.0):
-                        inv = Float32(1.0) / rTotal[i]
-                        lse = (rM[i] + cute.math.log2(rTotal[i], fastmath=True)) * Float32(LN2)
-                    rOut = cute.make_rmem_tensor(ROW_LANE_COLS, mO.element_type)
-                    for c in cutlass.range_constexpr(ROW_LANE_COLS):
-                        rOut[c] = (acc[c, i] * inv).to(mO.element_type)
-                    cute.autovec_copy(rOut, cute.local_tile(mO[r, row, None], (ROW_LANE_COLS,), (col0 // ROW_LANE_COLS,)))
-                    if const_expr(i % 2 == 0):
-                        if lane == 0:
-                            mLSE[r, row % self.h_q, row // self.h_q] = lse
-
-    def row_items(self) -> int:
-        """Half rows a warp of ``merge_rows`` takes at once: 8 with 16-bit partials (their loads of a round in
-        64 registers at 2 splits), 4 with fp32 ones (twice the bytes)."""
-        return ROW_ITEMS_16 if self.partial_dtype.width == 16 else ROW_ITEMS_16 // 2
+            for k in cutlass.range(n, unroll=1):
+                w = sW[row, k]
+                if staged:
+                    for q in cutlass.range_constexpr(pieces):
+                        cute.autovec_copy(sStage[None, u * pieces + q, k],
+                                          cute.local_tile(rPart, (vec,), (q,)))
+                else:
+                    cute.autovec_copy(cute.local_tile(mOaccum[base + k, row0 + row, None], (ROW_LANE_COLS,), (g,)),
+                                      rPart)
+                for c in cutlass.range_constexpr(ROW_LANE_COLS):
+                    acc[c] += w * Float32(rPart[c])
+            for c in cutlass.range_constexpr(ROW_LANE_COLS):
+                rOut[c] = acc[c].to(mO.element_type)
+            cute.autovec_copy(rOut, cute.local_tile(mO[r, row0 + row, None], (ROW_LANE_COLS,), (g,)))
