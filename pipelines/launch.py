@@ -264,11 +264,14 @@ class DecodeEntry:
         if cutlass.const_expr(self.decode.can_merge_in_grid()):
             in_grid = grid_merge
             merge_y = self.merge.in_grid_y(merge_tiles, num_splits.shape[0] - 1, tile_scheduler_metadata.shape[0])
-        # The merge by each request's last chunk where the kernel does it (``can_merge_chunks``) and the plan's
-        # counts fit their 8-bit fields (``split_k.last_chunk.MAX_PARTS``); else the merge kernel.
+        # The merge by each request's last chunk where the kernel does it (``can_merge_chunks``), the plan has at
+        # most ``MAX_PARTS`` parts and the shapes estimate at most ``MAX_EST`` chunks per request
+        # (``split_k.last_chunk``); else the merge kernel.
         chunk = cutlass.Int32(0)
         if cutlass.const_expr(self.decode.can_merge_chunks()):
-            if tile_scheduler_metadata.shape[0] <= last_chunk.MAX_PARTS:
+            num_parts = tile_scheduler_metadata.shape[0]
+            if (num_parts <= last_chunk.MAX_PARTS) & (
+                    self.merge.n_est(merge_tiles, num_splits.shape[0] - 1, num_parts) <= last_chunk.MAX_EST):
                 chunk = cutlass.Int32(1)
                 in_grid = cutlass.Int32(0)
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,

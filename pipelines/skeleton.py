@@ -236,6 +236,8 @@ class MLADecodeBase:
         tiles = [cute.cosize(layout) * dtype.width // 8 for layout in (sQ_layout, sK_layout, sP_layout)]
         assert all(size % 1024 == 0 for size in tiles[:2]), tiles  # back to back (``merge_buffer_bytes``)
         self._merge_buffer_bytes = sum(tiles)
+        if const_expr(self.can_merge_chunks()):  # one 16-bit partial row of every chunk fits (``merge_rows``)
+            assert self._merge_buffer_bytes >= last_chunk.MAX_PARTS * (HEAD_DIM_V * 2 + 4), tiles
 
         self.shared_storage = SharedStorage
         scale_log2 = softmax_scale * Float32(math.log2(math.e))
@@ -461,7 +463,7 @@ class MLADecodeBase:
         """Whether this kernel merges split requests by their last chunk (``chunk_merge``, a merger set, no
         split cluster, ``split_k.last_chunk.fits``)."""
         return (self.chunk_merge and self.merger is not None and self.split_cluster == 1
-                and last_chunk.fits(self.num_m_blocks, self.h_kv))
+                and last_chunk.fits(self.num_m_blocks, self.h_kv, self.merger.partial_dtype.width))
 
     @cute.jit
     def merge_by_last_chunk(self, merge_tail, mtidx: Int32, m_block: Int32, storage):

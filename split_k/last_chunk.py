@@ -20,8 +20,10 @@ m-block's rows (``SplitMerge.merge_rows``) after a second barrier. Exactly one C
 m-block): the ``n`` arrivals on a field are ordered by its atomics.
 
 Limits (``fits``): one kv head (an m-block is then a plain run of 64 rows of the merged ``[s_q * h_q]``), at
-most ``MAX_M_BLOCKS`` m-blocks (12: 8-bit fields in three words) and at most ``MAX_PARTS`` plan parts (a
-request has at most ``num_parts`` chunks, and the count must not reach 256). Elsewhere the merge kernel runs.
+most ``MAX_M_BLOCKS`` m-blocks (12: 8-bit fields in three words), 16-bit partials; at launch at most
+``MAX_PARTS`` plan parts (a request has at most ``num_parts`` chunks: the count must not reach 256, and the merge
+must fit one row of each in shared memory) and an estimate of at most ``MAX_EST`` chunks per request. Elsewhere
+the merge kernel runs.
 """
 from __future__ import annotations
 
@@ -36,13 +38,21 @@ COUNTER_COLUMNS = (5, 6, 7)
 FIELD_BITS = 8
 FIELDS_PER_WORD = 32 // FIELD_BITS
 MAX_M_BLOCKS = len(COUNTER_COLUMNS) * FIELDS_PER_WORD
-MAX_PARTS = (1 << FIELD_BITS) - 1
+MAX_PARTS = 200
+"""Most plan parts (so most chunks of one request): under the 8-bit count's 256, and one 16-bit partial row of
+every chunk (1028 bytes with its weight) fits the seesaw's 229376 bytes of Q, K and P tiles (``merge_rows``)."""
+MAX_EST = 3
+"""Most chunks per request, as the merge kernel estimates them from the shapes (``n_est``), where the decode
+merges by the last chunk: beyond it the merge kernel spreads a request over many CTAs, where one CTA here would
+take several batches (``SplitMerge.merge_rows``). Measured on an H100 (docs/perf-notes.md, forty-fifth session):
+b8 s1 h128 4096 (8 chunks) and b1 s1 h128 16384 (66) were 2x and 14x slower with the last chunk merging."""
 
 
-def fits(num_m_blocks: int, h_kv: int) -> bool:
-    """Whether a decode kernel of ``num_m_blocks`` m-blocks and ``h_kv`` kv heads can merge by its last chunks
-    (the plan's part count is checked at launch: at most ``MAX_PARTS``)."""
-    return h_kv == 1 and num_m_blocks <= MAX_M_BLOCKS
+def fits(num_m_blocks: int, h_kv: int, partial_bits: int = 16) -> bool:
+    """Whether a decode kernel of ``num_m_blocks`` m-blocks and ``h_kv`` kv heads, with partials of
+    ``partial_bits``, can merge by its last chunks (16-bit partials only: fp32 ones take twice the shared
+    memory per row; the plan's part count and ``n_est`` are checked at launch)."""
+    return h_kv == 1 and num_m_blocks <= MAX_M_BLOCKS and partial_bits == 16
 
 
 def counter_row(part, chunk):
@@ -95,3 +105,10 @@ def arrive(mMeta: cute.Tensor, part: Int32, chunk: Int32, m_block: Int32, n: Int
         last = Int32(1)
         grid_sync.atomic_add_acq_rel(addr, Int32(0) - (n << shift))
     return last
+
+
+def applies(kernel_can: bool, num_parts: int, n_est: int) -> bool:
+    """Whether a launch merges by the last chunks (``pipelines.launch.DecodeEntry``'s test, in plain Python):
+    the kernel can (``can_merge_chunks``), the plan has at most ``MAX_PARTS`` parts, and the merge kernel's
+    estimate ``n_est`` (``split_k.merge_kernel.estimated_chunks``) is at most ``MAX_EST``."""
+    return bool(kernel_can) and num_parts <= MAX_PARTS and n_est <= MAX_EST
