@@ -490,7 +490,10 @@ class MLADecodeBase:
                     if end_req >= begin_req:
                         n = mNumSplits[begin_req + 1] - mNumSplits[begin_req]
                         if n > 1:
-                            first_last = last_chunk.arrive(mMeta, part, begin_split, m_block, n)
+                            if end_req > begin_req:  # counted right after its chunk (``count_first_chunk``)
+                                first_last = s_last[0]
+                            else:
+                                first_last = last_chunk.arrive(mMeta, part, begin_split, m_block, n)
                     if end_req > begin_req:
                         n = mNumSplits[end_req + 1] - mNumSplits[end_req]
                         if n > 1:
@@ -510,6 +513,27 @@ class MLADecodeBase:
                     self.merger.merge_rows(end_req, m_block * BLOCK_M, mtidx, self.merge_threads,
                                            self.merge_barrier_id, buf, self.merge_buffer_bytes(), mOaccum, mLSEaccum,
                                            mNumSplits, mO, mLSE)
+
+    @cute.jit
+    def count_first_chunk(self, merge_tail, mtidx: Int32, m_block: Int32, r: Int32, begin_req: Int32, end_req: Int32,
+                          begin_split: Int32, storage):
+        """The count of the part's first chunk (request ``r == begin_req``, chunk ``begin_split``) where it is split
+        and more requests follow in the part, right after its outputs were stored: called by the same threads as
+        ``merge_by_last_chunk``, which then finds the verdict in shared memory. Why not at the end like the
+        last chunk: a request's other chunk (the end of the previous part) is then usually the last, so one CTA
+        seldom merges two requests at its end (measured with both counted at the end: docs/perf-notes.md,
+        forty-fifth session). The merge itself waits for the end (the stages are in use until then)."""
+        if const_expr(merge_tail is not None):
+            flag, part, mMeta, mNumSplits = merge_tail[0], merge_tail[1], merge_tail[2], merge_tail[3]
+            if flag != 0:
+                if end_req > begin_req:
+                    n = mNumSplits[r + 1] - mNumSplits[r]
+                    if n > 1:
+                        s_last = cute.make_tensor(cute.recast_ptr(storage.lse_slots.data_ptr(), dtype=Int32),
+                                                  cute.make_layout(2))
+                        cute.arch.barrier(barrier_id=self.merge_barrier_id, number_of_threads=self.merge_threads)
+                        if mtidx == 0:
+                            s_last[0] = last_chunk.arrive(mMeta, part, begin_split, m_block, n)
 
     def merge_buffer_bytes(self) -> int:
         """Bytes of shared memory from Q's tile on that ``merge_by_last_chunk`` may use: Q's tile, the K stages

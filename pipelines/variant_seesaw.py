@@ -263,7 +263,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 sV = cute.make_tensor(sK.iterator, sV_layout)
                 self.role(0, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2, merge_tail)
                 self.merge_by_last_chunk(merge_tail, wg_tidx, m_block, storage)
             else:
                 cute.arch.setmaxregister_increase(regs1)
@@ -271,7 +271,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 sV = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
                 self.role(1, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2, merge_tail)
                 self.merge_by_last_chunk(merge_tail, wg_tidx + 128, m_block, storage)
         else:
             begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
@@ -279,12 +279,12 @@ class MLADecodeSeesaw(MLADecodeBase):
                 sV = cute.make_tensor(sK.iterator, sV_layout)
                 self.role(0, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2, merge_tail)
             else:
                 sV = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
                 self.role(1, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2, merge_tail)
             self.merge_by_last_chunk(merge_tail, tidx, m_block, storage)
 
     @cute.jit
@@ -313,7 +313,7 @@ class MLADecodeSeesaw(MLADecodeBase):
     @cute.jit
     def role(self, me: cutlass.Constexpr[int], wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block,
              begin_split, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-             sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2):
+             sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2, merge_tail=None):
         """Warpgroup ``me``'s loop (0: scores t0, owns O[:, 0:256], loads group 0 and Q; 1: scores t1,
         owns O[:, 256:512], loads group 1)."""
         C = self.split_cluster
@@ -424,6 +424,9 @@ class MLADecodeSeesaw(MLADecodeBase):
 
             self.finish_chunk(me, wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, row_max, row_sum, tScS,
                               s_sum, s_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage)
+            if r == begin_req:  # the part's first chunk, counted in now when more chunks follow (skeleton)
+                self.count_first_chunk(merge_tail, wg_tidx + 128 * me, m_block, r, begin_req, end_req, begin_split,
+                                       storage)
             self.mark(36 + me, wg_tidx, True)
 
     @cute.jit
