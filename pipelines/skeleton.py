@@ -483,7 +483,7 @@ class MLADecodeBase:
                 # Free after the roles (a split cluster's lse slots; no split cluster here): the two verdicts.
                 s_last = cute.make_tensor(cute.recast_ptr(storage.lse_slots.data_ptr(), dtype=Int32),
                                           cute.make_layout(2))
-                cute.arch.barrier(barrier_id=self.merge_barrier_id, number_of_threads=self.merge_threads)
+                self.merge_barrier()
                 if mtidx == 0:
                     first_last = Int32(0)
                     end_last = Int32(0)
@@ -501,7 +501,7 @@ class MLADecodeBase:
                     s_last[0] = first_last
                     s_last[1] = end_last
                 # Thread 0's acquire, then every thread's reads of the other chunks' partials.
-                cute.arch.barrier(barrier_id=self.merge_barrier_id, number_of_threads=self.merge_threads)
+                self.merge_barrier()
                 # Q's tile, the K stages and P's tile, one run of shared memory (``merge_buffer_bytes``), free now:
                 # every load into them was waited for, every read of them done.
                 buf = storage.sQ.data_ptr()
@@ -531,9 +531,17 @@ class MLADecodeBase:
                     if n > 1:
                         s_last = cute.make_tensor(cute.recast_ptr(storage.lse_slots.data_ptr(), dtype=Int32),
                                                   cute.make_layout(2))
-                        cute.arch.barrier(barrier_id=self.merge_barrier_id, number_of_threads=self.merge_threads)
+                        self.merge_barrier()
                         if mtidx == 0:
                             s_last[0] = last_chunk.arrive(mMeta, part, begin_split, m_block, n)
+
+    @cute.jit
+    def merge_barrier(self):
+        """The named barrier of ``merge_threads`` around the merge by the last chunk, after a warp barrier: its
+        callers branch per thread just before (stores of quad leaders, thread 0's count), and compute-sanitizer's
+        synccheck reported the barrier reached by a divergent warp without it (forty-fifth session)."""
+        cute.arch.sync_warp()
+        cute.arch.barrier(barrier_id=self.merge_barrier_id, number_of_threads=self.merge_threads)
 
     def merge_buffer_bytes(self) -> int:
         """Bytes of shared memory from Q's tile on that ``merge_by_last_chunk`` may use: Q's tile, the K stages

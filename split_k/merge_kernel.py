@@ -569,6 +569,7 @@ class SplitMerge:
         for b0 in cutlass.range(0, nrows, pb, unroll=1):
             brows = cutlass.min(nrows - b0, pb)
             # The buffer may still be read by the previous batch or merge of this CTA.
+            cute.arch.sync_warp()  # (threads of a warp branch apart in the loops and row work before)
             cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
             copies = brows * groups * pieces
             for k in cutlass.range(n, unroll=1):
@@ -607,6 +608,7 @@ class SplitMerge:
                     sW[k * pb + mtidx] = sW[k * pb + mtidx] * inv  # (inv 0: every weight 0)
                 mLSE[r, row % self.h_q, row // self.h_q] = lse
             cute.arch.cp_async_wait_group(0)
+            cute.arch.sync_warp()  # (threads of a warp branch apart in the loops and row work before)
             cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
             for u in cutlass.range(mtidx, brows * groups, nthreads, unroll=1):
                 i = u // groups
