@@ -666,8 +666,10 @@ class MLADecode2WG(MLADecodeBase):
                 blk = start + s * self.split_cluster
                 if const_expr(self.head_tiles_in_turn and s > 0):
                     if r == begin_req:
-                        if blk < stop:  # the previous tile's last-issued group landed (full barrier: the
-                            last = self.k_pipes(pipe_k, self.kv_groups - 1)[0]  # producer's phase, flipped)
+                        if blk < stop:
+                            # The previous tile's last-issued group landed (its full barrier: the producer's
+                            # phase, flipped).
+                            last = self.k_pipes(pipe_k, self.kv_groups - 1)[0]
                             paged_kv.poll_barrier(last.sync_object_full.get_barrier(prev.index), prev.phase ^ 1)
                 if const_expr(self.head_tiles_in_turn):
                     prev = k_prod.clone()

@@ -178,16 +178,22 @@ def test_merge_kernel_units_cover_every_split_row_once(seed):
     # The block table's capacity only sizes the grid and picks L: any value must cover the work.
     max_tiles = rng.choice([None, 1, 16, rng.randrange(1, 2000)])
     work = merge_kernel.unit_assignment(meta, splits, rows, max_loads, max_tiles)
+    _assert_split_rows_merged_once(work, splits, rows)
+
+
+def _assert_split_rows_merged_once(work, splits, rows):
+    """``work`` (``unit_assignment``'s) reduces every (split request, row, 128-column chunk, split) exactly once
+    and touches no unsplit request."""
     seen = {}
-    n_of = {r: int(splits[r + 1] - splits[r]) for r in range(b)}
+    n_of = {r: int(splits[r + 1] - splits[r]) for r in range(len(splits) - 1)}
     for items in work.values():
         for r, row, c0, nc, mine in items:
             for i in mine:
                 key = (r, row, c0, i)
                 assert key not in seen, f"split {key} merged twice"
                 seen[key] = 1
-    want = {(r, row, c, i) for r in range(b) if n_of[r] > 1
-            for row in range(rows) for c in range(0, 512, 128) for i in range(n_of[r])}
+    want = {(r, row, c, i) for r, n in n_of.items() if n > 1
+            for row in range(rows) for c in range(0, 512, 128) for i in range(n)}
     assert set(seen) == want
 
 
@@ -210,10 +216,7 @@ def test_merge_grid_is_capped_and_still_covers_every_split_row_once():
     assert max(n_of) >= 3  # split, with more slots than n_est assumed
     work = merge_kernel.unit_assignment(meta, splits, rows, merge_kernel.LOADS_WIDE, tiles)
     assert max(cta_y for _, cta_y in work) < y
-    seen = [(r, row, c0, i) for items in work.values() for r, row, c0, _, mine in items for i in mine]
-    assert len(seen) == len(set(seen))
-    assert set(seen) == {(r, row, c, i) for r in range(len(lengths)) if n_of[r] > 1
-                         for row in range(rows) for c in range(0, 512, 128) for i in range(n_of[r])}
+    _assert_split_rows_merged_once(work, splits, rows)
     # Where Y is already small (few requests, many chunks each) the cap changes nothing.
     assert merge_kernel.grid_y(128, 1, 132, merge_kernel.LOADS_WIDE, 256) < merge_kernel.GRID_CTAS // 132
 
