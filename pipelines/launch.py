@@ -32,6 +32,7 @@ from cutlass.cute.runtime import make_fake_tensor  # noqa: E402
 
 from pipelines.cache import KernelCache, default_root, disk_cache_enabled  # noqa: E402
 from pipelines.heads import group_queries  # noqa: E402
+from split_k import last_chunk  # noqa: E402
 
 HEAD_DIM = 576
 HEAD_DIM_V = 512
@@ -263,10 +264,20 @@ class DecodeEntry:
         if cutlass.const_expr(self.decode.can_merge_in_grid()):
             in_grid = grid_merge
             merge_y = self.merge.in_grid_y(merge_tiles, num_splits.shape[0] - 1, tile_scheduler_metadata.shape[0])
+        # The merge by each request's last chunk where the kernel does it (``can_merge_chunks``), the plan has at
+        # most ``MAX_PARTS`` parts and the shapes estimate at most ``MAX_EST`` chunks per request
+        # (``split_k.last_chunk``); else the merge kernel.
+        chunk = cutlass.Int32(0)
+        if cutlass.const_expr(self.decode.can_merge_chunks()):
+            num_parts = tile_scheduler_metadata.shape[0]
+            if (num_parts <= last_chunk.MAX_PARTS) & (
+                    self.merge.n_est(merge_tiles, num_splits.shape[0] - 1, num_parts) <= last_chunk.MAX_EST):
+                chunk = cutlass.Int32(1)
+                in_grid = cutlass.Int32(0)
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
-                    o_accum, lse_accum, softmax_scale, in_grid, merge_y, stream)
+                    o_accum, lse_accum, softmax_scale, in_grid, merge_y, chunk, stream)
         if cutlass.const_expr(self.decode.merge_launch):  # (False only in an A/B's measurement)
-            if in_grid == 0:
+            if (in_grid == 0) & (chunk == 0):
                 # Second stage: requests with one chunk were written by the main kernel; the merge skips
                 # them. Chained by programmatic dependent launch: the main kernel lets it be scheduled as
                 # soon as every main CTA runs, so its launch overlaps the main kernel instead of following it.

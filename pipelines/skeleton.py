@@ -26,8 +26,8 @@ from cutlass.cute.nvgpu import cpasync, warpgroup
 from cutlass._mlir.dialects import llvm
 
 from pipelines import layouts, paged_kv, softmax
-from split_k import grid_sync, merge_kernel
-from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, GRID_COUNT_COLUMN
+from split_k import grid_sync, last_chunk, merge_kernel
+from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, END_REQ, GRID_COUNT_COLUMN
 from split_k.planner import split_groups as split_groups_expr
 
 SPLIT_CLUSTERS = (1, 2, 4, 8)
@@ -118,6 +118,16 @@ class MLADecodeBase:
     # ``split_k.merge_kernel.SplitMerge`` whose ``merge_slot`` the CTAs run). A class constant.
     in_grid_merge = False
     merger = None
+    # The split-kv merge by each request's last chunk (``split_k.last_chunk``): the CTA that stores a split
+    # request's last partial merges that request's rows of its m-block (``merge_by_last_chunk``, called by the
+    # variant's roles with the ``merge_tail`` the kernel hands them), so the call launches no merge kernel. Only
+    # where ``can_merge_chunks()`` (one kv head, at most 12 m-blocks, no split cluster) and the plan has at most
+    # 255 parts (``DecodeEntry``). A class constant (a variant opts in; an A/B sets it).
+    chunk_merge = False
+    # Named barrier of the threads that stored a chunk's outputs, for ``merge_by_last_chunk`` (a variant that
+    # opts into ``chunk_merge`` sets an id its roles do not use, and ``merge_threads``).
+    merge_barrier_id = 0
+    merge_threads = 256
     # Whether a call launches the split-kv merge kernel after this one where it does not merge in its grid. Only
     # an A/B sets it False (``scripts/entry_ab.py`` modes ``*-no-merge``), to time what that launch costs on a
     # plan that splits no request; with a split request the output would lack its merge (entry_ab refuses a
@@ -172,7 +182,7 @@ class MLADecodeBase:
     def __call__(self, mQ: cute.Tensor, mK: cute.Tensor, mBlockTable: cute.Tensor, mSeqlens: cute.Tensor,
                  mMeta: cute.Tensor, mNumSplits: cute.Tensor, mO: cute.Tensor, mLSE: cute.Tensor,
                  mOaccum: cute.Tensor, mLSEaccum: cute.Tensor, softmax_scale: Float32,
-                 grid_merge: Int32, merge_y: Int32, stream: cuda.CUstream):
+                 grid_merge: Int32, merge_y: Int32, chunk_merge: Int32, stream: cuda.CUstream):
         """Inputs (torch tensors as the API holds them, last dim contiguous):
         mQ [b, s_q, h_q, 576] when h_kv == 1, else the grouped copy [b, h_kv, rows, 576];
         mK [num_pages, page_size, h_kv, 576]; mBlockTable [b, max_pages] i32; mSeqlens [b] i32;
@@ -181,11 +191,13 @@ class MLADecodeBase:
         out's row order, s_idx * h_q + head, whatever h_kv).
         ``grid_merge`` != 0 (only where ``can_merge_in_grid()``): launch cooperatively and merge the split
         requests in this grid (``grid_merge``): ``merge_y`` is the merge's grid extent ``Y``.
+        ``chunk_merge`` != 0 (only where ``can_merge_chunks()``): the CTA that stores a split request's last
+        partial merges it (``merge_by_last_chunk``).
         """
         dtype = self.dtype
         # The merge reads these tensors as the merge kernel does (out as [b, rows, 512], the others as
         # given), not as the kernel views below.
-        mMergeO = self.merger.out_rows(mO) if const_expr(self.can_merge_in_grid()) else mO
+        mMergeO = self.merger.out_rows(mO) if const_expr(self.can_merge_in_grid() or self.can_merge_chunks()) else mO
         mMergeLSE, mMergeOaccum, mMergeLSEaccum = mLSE, mOaccum, mLSEaccum
         # Kernel views: the contiguous dim where wgmma/TMA want it, the kv head as its own mode.
         mQ = cute.make_tensor(mQ.iterator, cute.make_layout(
@@ -221,6 +233,11 @@ class MLADecodeBase:
 
         sQ_layout, sK_layout, sP_layout = self.sQ_layout, self.sK_layout, self.sP_layout
         SharedStorage = self.shared_storage_struct(dtype, sQ_layout, sK_layout, sP_layout)
+        tiles = [cute.cosize(layout) * dtype.width // 8 for layout in (sQ_layout, sK_layout, sP_layout)]
+        assert all(size % 1024 == 0 for size in tiles[:2]), tiles  # back to back (``merge_buffer_bytes``)
+        self._merge_buffer_bytes = sum(tiles)
+        if const_expr(self.can_merge_chunks()):  # one 16-bit partial row of every chunk fits (``merge_rows``)
+            assert self._merge_buffer_bytes >= last_chunk.MAX_PARTS * (HEAD_DIM_V * 2 + 4), tiles
 
         self.shared_storage = SharedStorage
         scale_log2 = softmax_scale * Float32(math.log2(math.e))
@@ -230,8 +247,8 @@ class MLADecodeBase:
         if const_expr(self.split_cluster > 1):
             parts = split_groups_expr(mMeta.shape[0], self.split_cluster) * self.split_cluster
         self.kernel(tma_q, mQ_tma, tma_k, mK_load, mBlockTable, mSeqlens, mMeta, mNumSplits, mO, mLSE,
-                    mOaccum, mLSEaccum, scale_log2, sQ_layout, sK_layout, sP_layout, grid_merge, merge_y, mMergeO,
-                    mMergeLSE, mMergeOaccum, mMergeLSEaccum).launch(
+                    mOaccum, mLSEaccum, scale_log2, sQ_layout, sK_layout, sP_layout, grid_merge, merge_y, chunk_merge,
+                    mMergeO, mMergeLSE, mMergeOaccum, mMergeLSEaccum).launch(
             grid=[self.num_m_blocks, parts, self.h_kv],
             block=[self.num_threads, 1, 1],
             # The m-block CTAs of one plan part (same chunks, same K tiles) form a cluster along x;
@@ -329,8 +346,8 @@ class MLADecodeBase:
                mBlockTable: cute.Tensor, mSeqlens: cute.Tensor, mMeta: cute.Tensor, mNumSplits: cute.Tensor,
                mO: cute.Tensor, mLSE: cute.Tensor, mOaccum: cute.Tensor, mLSEaccum: cute.Tensor,
                scale_log2: Float32, sQ_layout: cute.ComposedLayout, sK_layout: cute.ComposedLayout,
-               sP_layout: cute.ComposedLayout, grid_merge: Int32, merge_y: Int32, mMergeO: cute.Tensor,
-               mMergeLSE: cute.Tensor, mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor):
+               sP_layout: cute.ComposedLayout, grid_merge: Int32, merge_y: Int32, chunk_merge: Int32,
+               mMergeO: cute.Tensor, mMergeLSE: cute.Tensor, mMergeOaccum: cute.Tensor, mMergeLSEaccum: cute.Tensor):
         tidx, _, _ = cute.arch.thread_idx()
         m_block, part, kv_head = cute.arch.block_idx()
         warp_idx = cute.arch.make_warp_uniform(cute.arch.warp_idx())
@@ -380,9 +397,15 @@ class MLADecodeBase:
 
         # The roles read this CTA's work list themselves (``work_list``): a variant that resizes its
         # warpgroups' registers (setmaxnreg) reads it after doing so.
+        # What the roles need for the merge by a request's last chunk (``merge_by_last_chunk``): run by the
+        # threads that stored the outputs, inside their role (a warpgroup that lowered its registers with
+        # setmaxnreg must not reach the merge's code).
+        merge_tail = None
+        if const_expr(self.can_merge_chunks()):
+            merge_tail = (chunk_merge, part, mMeta, mNumSplits, mMergeO, mMergeLSE, mMergeOaccum, mMergeLSEaccum)
         self.warpgroup_roles(tidx, m_block, kv_head, mMeta,
                              tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum,
-                             mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2)
+                             mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2, merge_tail)
         if const_expr(self.any_cluster()):
             # No CTA leaves while a peer may still arrive on its empty barriers (the peers' last
             # releases): every thread of both CTAs is past its last pipeline operation when it
@@ -435,6 +458,96 @@ class MLADecodeBase:
             for y in cutlass.range(first_y, merge_y, nx * nz, unroll=1):
                 self.merger.merge_slot(r, begin_split, y, merge_y, warp, tidx % 32, sAcc, sM, sS, mMergeOaccum,
                                        mMergeLSEaccum, mNumSplits, mMergeO, mMergeLSE, self.merger.max_loads, False)
+
+    def can_merge_chunks(self) -> bool:
+        """Whether this kernel merges split requests by their last chunk (``chunk_merge``, a merger set, no
+        split cluster, ``split_k.last_chunk.fits``)."""
+        return (self.chunk_merge and self.merger is not None and self.split_cluster == 1
+                and last_chunk.fits(self.num_m_blocks, self.h_kv, self.merger.partial_dtype.width))
+
+    @cute.jit
+    def merge_by_last_chunk(self, merge_tail, mtidx: Int32, m_block: Int32, storage):
+        """The merge by a request's last chunk (``split_k.last_chunk``), called by the ``merge_threads`` threads
+        that stored this CTA's outputs (``mtidx``: this thread's index among them), after their last store.
+        The part's split chunks are its first request's (chunk ``begin_split``) and, when it holds more than
+        one request, its last request's chunk 0. One thread counts each in (after a barrier of the storing
+        threads: the count's release covers every partial they stored); where it was the last of its
+        request, the threads merge that request's rows of this m-block. No-op without ``merge_tail`` or with
+        its flag 0."""
+        if const_expr(merge_tail is not None):
+            flag, part, mMeta, mNumSplits, mO, mLSE, mOaccum, mLSEaccum = merge_tail
+            if flag != 0:
+                begin_req = mMeta[part, BEGIN_REQ]
+                end_req = mMeta[part, END_REQ]
+                begin_split = mMeta[part, BEGIN_SPLIT]
+                # Free after the roles (a split cluster's lse slots; no split cluster here): the two verdicts.
+                s_last = cute.make_tensor(cute.recast_ptr(storage.lse_slots.data_ptr(), dtype=Int32),
+                                          cute.make_layout(2))
+                self.merge_barrier()
+                if mtidx == 0:
+                    first_last = Int32(0)
+                    end_last = Int32(0)
+                    if end_req >= begin_req:
+                        n = mNumSplits[begin_req + 1] - mNumSplits[begin_req]
+                        if n > 1:
+                            if end_req > begin_req:  # counted right after its chunk (``count_first_chunk``)
+                                first_last = s_last[0]
+                            else:
+                                first_last = last_chunk.arrive(mMeta, part, begin_split, m_block, n)
+                    if end_req > begin_req:
+                        n = mNumSplits[end_req + 1] - mNumSplits[end_req]
+                        if n > 1:
+                            end_last = last_chunk.arrive(mMeta, part, Int32(0), m_block, n)
+                    s_last[0] = first_last
+                    s_last[1] = end_last
+                # Thread 0's acquire, then every thread's reads of the other chunks' partials.
+                self.merge_barrier()
+                # Q's tile, the K stages and P's tile, one run of shared memory (``merge_buffer_bytes``), free now:
+                # every load into them was waited for, every read of them done.
+                buf = storage.sQ.data_ptr()
+                if s_last[0] != 0:
+                    self.merger.merge_rows(begin_req, m_block * BLOCK_M, mtidx, self.merge_threads,
+                                           self.merge_barrier_id, buf, self.merge_buffer_bytes(), mOaccum, mLSEaccum,
+                                           mNumSplits, mO, mLSE)
+                if s_last[1] != 0:
+                    self.merger.merge_rows(end_req, m_block * BLOCK_M, mtidx, self.merge_threads,
+                                           self.merge_barrier_id, buf, self.merge_buffer_bytes(), mOaccum, mLSEaccum,
+                                           mNumSplits, mO, mLSE)
+
+    @cute.jit
+    def count_first_chunk(self, merge_tail, mtidx: Int32, m_block: Int32, r: Int32, begin_req: Int32, end_req: Int32,
+                          begin_split: Int32, storage):
+        """The count of the part's first chunk (request ``r == begin_req``, chunk ``begin_split``) where it is split
+        and more requests follow in the part, right after its outputs were stored: called by the same threads as
+        ``merge_by_last_chunk``, which then finds the verdict in shared memory. Why not at the end like the
+        last chunk: a request's other chunk (the end of the previous part) is then usually the last, so one CTA
+        seldom merges two requests at its end (measured with both counted at the end: docs/perf-notes.md,
+        forty-fifth session). The merge itself waits for the end (the stages are in use until then)."""
+        if const_expr(merge_tail is not None):
+            flag, part, mMeta, mNumSplits = merge_tail[0], merge_tail[1], merge_tail[2], merge_tail[3]
+            if flag != 0:
+                if end_req > begin_req:
+                    n = mNumSplits[r + 1] - mNumSplits[r]
+                    if n > 1:
+                        s_last = cute.make_tensor(cute.recast_ptr(storage.lse_slots.data_ptr(), dtype=Int32),
+                                                  cute.make_layout(2))
+                        self.merge_barrier()
+                        if mtidx == 0:
+                            s_last[0] = last_chunk.arrive(mMeta, part, begin_split, m_block, n)
+
+    @cute.jit
+    def merge_barrier(self):
+        """The named barrier of ``merge_threads`` around the merge by the last chunk, after a warp barrier: its
+        callers branch per thread just before (stores of quad leaders, thread 0's count), and compute-sanitizer's
+        synccheck reported the barrier reached by a divergent warp without it (forty-fifth session)."""
+        cute.arch.sync_warp()
+        cute.arch.barrier(barrier_id=self.merge_barrier_id, number_of_threads=self.merge_threads)
+
+    def merge_buffer_bytes(self) -> int:
+        """Bytes of shared memory from Q's tile on that ``merge_by_last_chunk`` may use: Q's tile, the K stages
+        and P's tile, laid out back to back (each a multiple of their 1024-byte alignment; checked on the host
+        in ``__call__``, which sets ``_merge_buffer_bytes``)."""
+        return self._merge_buffer_bytes
 
     def make_pipelines(self, storage):
         """Q (``make_q_pipeline``) and K: ``kv_stages`` stages built by the loader; consumers = every

@@ -280,7 +280,8 @@ class MLADecode2WG(MLADecodeBase):
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
-                        mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
+                        mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2,
+                        merge_tail=None):
         begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
         self.cluster_start_wait()  # the plan row's loads are out: they overlap the wait
         wg = tidx // 128

@@ -138,7 +138,8 @@ class MLADecode3WG(MLADecodeBase):
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
-                        mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
+                        mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2,
+                        merge_tail=None):
         wg = cute.arch.make_warp_uniform(cute.arch.warp_idx()) // 4
         wg_tidx = tidx % WG_THREADS
         # V^T halves viewed in place from the K stages (MN-major B operand, no copy).

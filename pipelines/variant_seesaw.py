@@ -98,6 +98,7 @@ class Bar(enum.IntEnum):
     INV = 6
     P0 = 7
     P1 = 8
+    MERGE = 9  # the scoring warpgroups, around the merge by a request's last chunk (skeleton ``merge_by_last_chunk``)
 
 
 class MLADecodeSeesaw(MLADecodeBase):
@@ -135,6 +136,12 @@ class MLADecodeSeesaw(MLADecodeBase):
     # about 2000 cycles after its release, on a QK's path (``seesaw_timeline.py``). A class constant (an A/B
     # sets it).
     early_releases = True
+
+    # The split-kv merge by each request's last chunk (skeleton ``chunk_merge``, ``split_k.last_chunk``): the
+    # scoring warpgroups (their 8 warps, 232 registers after setmaxnreg) merge, on barrier ``Bar.MERGE``.
+    chunk_merge = False
+    merge_barrier_id = int(Bar.MERGE)
+    merge_threads = 256
 
     # No TMA multicast cluster (``pipelines.MULTICAST_VARIANTS``): each CTA loads its own tiles. Why: a multicast
     # refill waits for both CTAs' releases, and the iteration is bound by its refills; in one H100 perf run
@@ -230,7 +237,8 @@ class MLADecodeSeesaw(MLADecodeBase):
 
     @cute.jit
     def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
-                        mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2):
+                        mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k, scale_log2,
+                        merge_tail=None):
         wg = tidx // 128
         wg_tidx = tidx % 128
         sV_layout = layouts.v_view_layout(sK.layout, HALF, BLOCK_N, HEAD_DIM, self.kv_stages)
@@ -255,26 +263,29 @@ class MLADecodeSeesaw(MLADecodeBase):
                 sV = cute.make_tensor(sK.iterator, sV_layout)
                 self.role(0, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2, merge_tail)
+                self.merge_by_last_chunk(merge_tail, wg_tidx, m_block, storage)
             else:
                 cute.arch.setmaxregister_increase(regs1)
                 begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
                 sV = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
                 self.role(1, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2, merge_tail)
+                self.merge_by_last_chunk(merge_tail, wg_tidx + 128, m_block, storage)
         else:
             begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
             if wg == 0:
                 sV = cute.make_tensor(sK.iterator, sV_layout)
                 self.role(0, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2, merge_tail)
             else:
                 sV = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
                 self.role(1, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                           tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2, merge_tail)
+            self.merge_by_last_chunk(merge_tail, tidx, m_block, storage)
 
     @cute.jit
     def role_fragments(self, me: cutlass.Constexpr[int], wg_tidx, mma_qk, mma_rs, mma_ss, sQ, sK, sP, sP0, sV):
@@ -302,7 +313,7 @@ class MLADecodeSeesaw(MLADecodeBase):
     @cute.jit
     def role(self, me: cutlass.Constexpr[int], wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block,
              begin_split, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-             sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2):
+             sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2, merge_tail=None):
         """Warpgroup ``me``'s loop (0: scores t0, owns O[:, 0:256], loads group 0 and Q; 1: scores t1,
         owns O[:, 256:512], loads group 1)."""
         C = self.split_cluster
@@ -413,6 +424,9 @@ class MLADecodeSeesaw(MLADecodeBase):
 
             self.finish_chunk(me, wg_tidx, m_block, kv_head, r, is_split, split_idx, acc_o, row_max, row_sum, tScS,
                               s_sum, s_inv, scale_log2, mO, mLSE, mOaccum, mLSEaccum, storage)
+            if r == begin_req:  # the part's first chunk, counted in now when more chunks follow (skeleton)
+                self.count_first_chunk(merge_tail, wg_tidx + 128 * me, m_block, r, begin_req, end_req, begin_split,
+                                       storage)
             self.mark(36 + me, wg_tidx, True)
 
     @cute.jit

@@ -109,6 +109,7 @@ MODES = {
     "seesaw-steady-min8": ("seesaw", dict(steady_min_steps=8), True),
     # no merge kernel launched after the decode (skeleton ``merge_launch``; only on plans that split no request)
     "seesaw-no-merge": ("seesaw", dict(merge_launch=False), True),
+    "seesaw-chunk-merge": ("seesaw", dict(chunk_merge=True), False),  # split requests merged by their last chunk
     "2wg-no-merge": ("2wg", dict(merge_launch=False), True),
     # (the 64-row kernel's loops only: at <= 32 rows per kv head the narrow kernel has no steady split)
     "2wg-steady": ("2wg", dict(steady_loop=True), True),

@@ -35,7 +35,8 @@ def _load_acquire(addr: Int64) -> Int32:
                                  "ld.acquire.gpu.global.b32 $0, [$1];", "=r,l", has_side_effects=True))
 
 
-def _atomic_add_acq_rel(addr: Int64, value: Int32) -> Int32:
+def atomic_add_acq_rel(addr: Int64, value: Int32) -> Int32:
+    """``atom.acq_rel.gpu.global.add.u32`` on the word at ``addr``: the value before the add."""
     return Int32(llvm.inline_asm(Int32.mlir_type, [Int64(addr).ir_value(), Int32(value).ir_value()],
                                  "atom.acq_rel.gpu.global.add.u32 $0, [$1], $2;", "=r,l,r", has_side_effects=True))
 
@@ -47,7 +48,7 @@ def arrive(count_addr: Int64, expected: Int32, leader) -> Int32:
     add = Int32(1)
     if leader:
         add = Int32(FLIP) - (expected - 1)
-    return _atomic_add_acq_rel(count_addr, add)
+    return atomic_add_acq_rel(count_addr, add)
 
 
 @cute.jit

@@ -72,6 +72,7 @@ import cuda.bindings.driver as cuda
 import cutlass
 import cutlass.cute as cute
 from cutlass import Float32, Int32, const_expr
+from cutlass.cute.nvgpu import cpasync
 
 from split_k.planner import BEGIN_REQ, BEGIN_SPLIT, BELOW_TARGET, BLOCK_N, FIXED_COST
 
@@ -108,6 +109,31 @@ b1 s1 h64 1024; docs/perf-notes.md, twenty-first session); with 16-32 rows it wa
 once the narrow kernel took 4-warp CTAs (``NARROW_WARPS``; twenty-seventh section, 2): still 0.2-0.5 us slower at
 16-32 rows and n_est 16 (b8 s1 h32 1024 13.60 / 13.54 against 13.12 / 13.10 us, H100)."""
 WIDE_ABOVE_ROWS = 64
+# ``merge_rows`` (the merge by a request's last chunk, in the decode CTA): output columns per thread and step (16
+# bytes of out), rows per call, most chunks of one request (the plan's parts, ``split_k.last_chunk.MAX_PARTS``).
+ROW_LANE_COLS = 8
+BLOCK_M_ROWS = 64
+LSE_LOADS = 4  # lse values a row's thread loads at once
+
+
+@cute.jit
+def rows_per_batch(n: Int32, partial_bytes: cutlass.Constexpr[int], buf_bytes: cutlass.Constexpr[int]) -> Int32:
+    """Rows ``merge_rows`` stages at once for a request of ``n`` chunks: 64, else the largest power of two whose
+    ``n`` partial rows and their weights fit ``buf_bytes`` (at least 1; ``split_k.last_chunk.MAX_PARTS`` keeps
+    one row of every chunk within the decode kernels' buffers)."""
+    per_row = n * (HEAD_DIM_V * partial_bytes + 4)
+    pb = Int32(BLOCK_M_ROWS)
+    while (pb > 1) & (pb * per_row > buf_bytes):
+        pb = pb >> 1
+    return pb
+
+
+def rows_per_batch_host(n: int, partial_bytes: int, buf_bytes: int) -> int:
+    """``rows_per_batch`` in plain Python (tests)."""
+    pb = BLOCK_M_ROWS
+    while pb > 1 and pb * n * (HEAD_DIM_V * partial_bytes + 4) > buf_bytes:
+        pb >>= 1
+    return pb
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
 
@@ -496,3 +522,106 @@ class SplitMerge:
                 if (rc & (CHUNKS - 1)) == 0:
                     if lane == 0:
                         mLSE[r, row % self.h_q, row // self.h_q] = lse
+
+    @cute.jit
+    def merge_rows(self, r: Int32, row0: Int32, mtidx: Int32, nthreads: cutlass.Constexpr[int],
+                   bar_id: cutlass.Constexpr[int], buf_ptr, buf_bytes: cutlass.Constexpr[int],
+                   mOaccum: cute.Tensor, mLSEaccum: cute.Tensor, mNumSplits: cute.Tensor, mO: cute.Tensor,
+                   mLSE: cute.Tensor):
+        """Merge rows ``row0 .. row0 + 63`` (those below ``rows``) of split request ``r``: the merge by a request's
+        last chunk (``split_k.last_chunk``), run by the ``nthreads`` threads of the decode CTA that stored the
+        last partial (``mtidx``: this thread's index among them; named barrier ``bar_id`` of them), in the
+        shared memory at ``buf_ptr`` (``buf_bytes``, 16-byte aligned, free: the decode's stages).
+
+        The rows go in batches of ``pb`` (64 where the request's ``n`` partial blocks fit the buffer, else the
+        largest power of two that fits; ``rows_per_batch``). Per batch:
+        1. every thread issues cp.async copies of its share of the ``n`` partials' ``pb`` rows into shared memory;
+           the first ``pb`` threads take a row each: its ``n`` lse values (loaded ``LSE_LOADS`` at a time), their
+           max and sum, the weights ``exp(lse_k - lse)`` into shared memory and the row's lse into ``lse``
+           (+inf and weights 0 for a row without any key);
+        2. once the copies landed (and a barrier), each thread sums ``w_k * partial_k`` for its 8-column groups
+           and stores them (16 bytes of ``out`` each).
+        Why staged: the same merge with every load in registers, unrolled over 8 half rows and 2 splits per
+        warp, ran 10-14 us slower at 2 chunks per request than the merge kernel (paired on an H100,
+        docs/perf-notes.md, forty-fifth session); here the copies are in flight together from a small loop and
+        the sums read shared memory."""
+        rows = self.rows
+        base = mNumSplits[r]
+        n = mNumSplits[r + 1] - base
+        nrows = cutlass.min(rows - row0, Int32(BLOCK_M_ROWS))
+        pbytes = const_expr(self.partial_dtype.width // 8)
+        vec = const_expr(16 // pbytes)  # partial elements per 16-byte copy
+        pieces = const_expr(ROW_LANE_COLS // vec)  # copies per 8-column group
+        groups = HEAD_DIM_V // ROW_LANE_COLS  # 8-column groups per row
+        row_elems = const_expr(HEAD_DIM_V)
+        pb = rows_per_batch(n, pbytes, buf_bytes)
+        # Stage k, row i of the batch at element (k * pb + i) * 512; the weights after the n * pb rows.
+        sStage = cute.make_tensor(cute.recast_ptr(buf_ptr, dtype=self.partial_dtype),
+                                  cute.make_layout(buf_bytes // pbytes))
+        sW = cute.make_tensor(cute.recast_ptr(buf_ptr, dtype=Float32) + n * pb * (row_elems * pbytes // 4),
+                              cute.make_layout(buf_bytes // 4))
+        atom = cute.make_copy_atom(cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL),
+                                   self.partial_dtype, num_bits_per_copy=128)
+        rL = cute.make_rmem_tensor(LSE_LOADS, Float32)
+        acc = cute.make_rmem_tensor(ROW_LANE_COLS, Float32)
+        rPart = cute.make_rmem_tensor(ROW_LANE_COLS, self.partial_dtype)
+        rOut = cute.make_rmem_tensor(ROW_LANE_COLS, mO.element_type)
+        for b0 in cutlass.range(0, nrows, pb, unroll=1):
+            brows = cutlass.min(nrows - b0, pb)
+            # The buffer may still be read by the previous batch or merge of this CTA.
+            cute.arch.sync_warp()  # (threads of a warp branch apart in the loops and row work before)
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+            copies = brows * groups * pieces
+            for k in cutlass.range(n, unroll=1):
+                for p in cutlass.range(mtidx, copies, nthreads, unroll=1):
+                    i = p // (groups * pieces)
+                    c = p - i * (groups * pieces)
+                    dst = cute.make_tensor(sStage.iterator + cute.assume((k * pb + i) * row_elems + c * vec, divby=vec),
+                                           cute.make_layout(vec))
+                    cute.copy(atom, cute.local_tile(mOaccum[base + k, row0 + b0 + i, None], (vec,), (c,)), dst)
+            cute.arch.cp_async_commit_group()
+            if mtidx < brows:
+                row = row0 + b0 + mtidx
+                # The lse values LSE_LOADS at a time (one round trip each), in log2 units into the weights' slots.
+                mx = -Float32.inf
+                for k0 in cutlass.range(0, n, LSE_LOADS, unroll=1):
+                    for j in cutlass.range_constexpr(LSE_LOADS):
+                        rL[j] = -Float32.inf
+                        if k0 + j < n:
+                            rL[j] = mLSEaccum[base + k0 + j, row]
+                    for j in cutlass.range_constexpr(LSE_LOADS):
+                        if k0 + j < n:
+                            sW[(k0 + j) * pb + mtidx] = rL[j] * Float32(LOG2E)
+                            mx = cute.arch.fmax(mx, rL[j] * Float32(LOG2E))
+                total = Float32(0.0)
+                if mx != -Float32.inf:  # (else no chunk saw a key: every weight 0)
+                    for k in cutlass.range(n, unroll=1):
+                        w = cute.math.exp2(sW[k * pb + mtidx] - mx, fastmath=True)
+                        sW[k * pb + mtidx] = w
+                        total += w
+                lse = Float32.inf
+                inv = Float32(0.0)
+                if total > Float32(0.0):
+                    inv = Float32(1.0) / total
+                    lse = (mx + cute.math.log2(total, fastmath=True)) * Float32(LN2)
+                for k in cutlass.range(n, unroll=1):
+                    sW[k * pb + mtidx] = sW[k * pb + mtidx] * inv  # (inv 0: every weight 0)
+                mLSE[r, row % self.h_q, row // self.h_q] = lse
+            cute.arch.cp_async_wait_group(0)
+            cute.arch.sync_warp()  # (threads of a warp branch apart in the loops and row work before)
+            cute.arch.barrier(barrier_id=bar_id, number_of_threads=nthreads)
+            for u in cutlass.range(mtidx, brows * groups, nthreads, unroll=1):
+                i = u // groups
+                g = u - i * groups
+                acc.fill(0.0)
+                for k in cutlass.range(n, unroll=1):
+                    w = sW[k * pb + i]
+                    src = cute.make_tensor(
+                        sStage.iterator + cute.assume((k * pb + i) * row_elems + g * ROW_LANE_COLS, divby=ROW_LANE_COLS),
+                        cute.make_layout(ROW_LANE_COLS))
+                    cute.autovec_copy(src, rPart)
+                    for c in cutlass.range_constexpr(ROW_LANE_COLS):
+                        acc[c] += w * Float32(rPart[c])
+                for c in cutlass.range_constexpr(ROW_LANE_COLS):
+                    rOut[c] = acc[c].to(mO.element_type)
+                cute.autovec_copy(rOut, cute.local_tile(mO[r, row0 + b0 + i, None], (ROW_LANE_COLS,), (g,)))
