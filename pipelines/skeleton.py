@@ -531,15 +531,25 @@ class MLADecodeBase:
                     if n > 1:
                         s_last = cute.make_tensor(cute.recast_ptr(storage.lse_slots.data_ptr(), dtype=Int32),
                                                   cute.make_layout(2))
-                        self.merge_barrier()
-                        if mtidx == 0:
-                            s_last[0] = last_chunk.arrive(mMeta, part, begin_split, m_block, n)
+                        # Only thread 0 reads past this barrier (its count's release covers every stored partial):
+                        # the other threads' warpgroups arrive, the counting one waits. Why not one barrier that
+                        # all wait on: the roles reach it from separate code (one copy per warpgroup), and an
+                        # aligned ``bar.sync`` reached by the same barrier's threads at two instructions is what
+                        # compute-sanitizer's synccheck reported as divergent (forty-fifth session).
+                        if mtidx < 128:
+                            cute.arch.barrier(barrier_id=self.merge_barrier_id, number_of_threads=self.merge_threads)
+                            if mtidx == 0:
+                                s_last[0] = last_chunk.arrive(mMeta, part, begin_split, m_block, n)
+                        else:
+                            cute.arch.barrier_arrive(barrier_id=self.merge_barrier_id,
+                                                     number_of_threads=self.merge_threads)
 
     @cute.jit
     def merge_barrier(self):
-        """The named barrier of ``merge_threads`` around the merge by the last chunk, after a warp barrier: its
-        callers branch per thread just before (stores of quad leaders, thread 0's count), and compute-sanitizer's
-        synccheck reported the barrier reached by a divergent warp without it (forty-fifth session)."""
+        """The named barrier of ``merge_threads`` around the merge by the last chunk, after a warp barrier (its
+        callers branch per thread just before: quad leaders' stores, thread 0's count). Every thread must reach
+        it at the same instruction (an aligned ``bar.sync``): the variants call ``merge_by_last_chunk`` from one
+        place for all the merging threads."""
         cute.arch.sync_warp()
         cute.arch.barrier(barrier_id=self.merge_barrier_id, number_of_threads=self.merge_threads)
 

@@ -257,22 +257,40 @@ class MLADecodeSeesaw(MLADecodeBase):
                 begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
                 self.produce(wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
                              tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, sQ, sK, pipe_q, pipe_k)
-            elif wg == 1:
-                cute.arch.setmaxregister_increase(regs0)
-                begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
-                sV = cute.make_tensor(sK.iterator, sV_layout)
-                self.role(0, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-                          tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2, merge_tail)
-                self.merge_by_last_chunk(merge_tail, wg_tidx, m_block, storage)
             else:
-                cute.arch.setmaxregister_increase(regs1)
-                begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
-                sV = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
-                self.role(1, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block, begin_split,
-                          tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE, mOaccum, mLSEaccum,
-                          sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2, merge_tail)
-                self.merge_by_last_chunk(merge_tail, wg_tidx + 128, m_block, storage)
+                if const_expr(self.can_merge_chunks()):
+                    # Both scoring warpgroups reach the merge by the last chunk from this one call (its barriers
+                    # are aligned ``bar.sync``: every thread at the same instruction).
+                    assert regs0 == regs1, self.PRODUCER_REGISTERS
+                    cute.arch.setmaxregister_increase(regs0)
+                    begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
+                    if wg == 1:
+                        sV = cute.make_tensor(sK.iterator, sV_layout)
+                        self.role(0, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block,
+                                  begin_split, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE,
+                                  mOaccum, mLSEaccum, sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2,
+                                  merge_tail)
+                    else:
+                        sV = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
+                        self.role(1, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block,
+                                  begin_split, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE,
+                                  mOaccum, mLSEaccum, sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2,
+                                  merge_tail)
+                    self.merge_by_last_chunk(merge_tail, tidx - 128, m_block, storage)
+                elif wg == 1:
+                    cute.arch.setmaxregister_increase(regs0)
+                    begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
+                    sV = cute.make_tensor(sK.iterator, sV_layout)
+                    self.role(0, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block,
+                              begin_split, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE,
+                              mOaccum, mLSEaccum, sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
+                else:
+                    cute.arch.setmaxregister_increase(regs1)
+                    begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
+                    sV = cute.make_tensor(sK.iterator + HALF * BLOCK_N, sV_layout)
+                    self.role(1, wg_tidx, m_block, kv_head, begin_req, begin_block, end_req, end_block,
+                              begin_split, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens, mNumSplits, mO, mLSE,
+                              mOaccum, mLSEaccum, sQ, sK, sP, sP0, sV, storage, pipe_q, pipe_k, scale_log2)
         else:
             begin_req, begin_block, end_req, end_block, begin_split = self.work_list(mMeta)
             if wg == 0:
