@@ -138,8 +138,11 @@ class MLADecodeSeesaw(MLADecodeBase):
     early_releases = True
 
     # The split-kv merge by each request's last chunk (skeleton ``chunk_merge``, ``split_k.last_chunk``): the
-    # scoring warpgroups (their 8 warps, 232 registers after setmaxnreg) merge, on barrier ``Bar.MERGE``.
-    chunk_merge = False
+    # scoring warpgroups (their 8 warps, 232 registers after setmaxnreg) merge, on barrier ``Bar.MERGE``. On: paired
+    # on an H100 (``scripts/entry_ab.py``, mode ``seesaw-no-chunk-merge``; docs/perf-notes.md, forty-sixth session) it
+    # took 0.95-0.99 of the merge kernel's time on six split rows in both passes but one (b128 s1 h128 16384: 1.011 /
+    # 0.977). A class constant (an A/B sets it).
+    chunk_merge = True
     merge_barrier_id = int(Bar.MERGE)
     merge_threads = 256
 

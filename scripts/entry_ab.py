@@ -110,6 +110,7 @@ MODES = {
     # no merge kernel launched after the decode (skeleton ``merge_launch``; only on plans that split no request)
     "seesaw-no-merge": ("seesaw", dict(merge_launch=False), True),
     "seesaw-chunk-merge": ("seesaw", dict(chunk_merge=True), False),  # split requests merged by their last chunk
+    "seesaw-no-chunk-merge": ("seesaw", dict(chunk_merge=False), False),  # by the merge kernel (before 46th session)
     "2wg-no-merge": ("2wg", dict(merge_launch=False), True),
     # (the 64-row kernel's loops only: at <= 32 rows per kv head the narrow kernel has no steady split)
     "2wg-steady": ("2wg", dict(steady_loop=True), True),
