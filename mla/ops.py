@@ -22,12 +22,15 @@ per signature the same way, except the block_table width against the longest seq
 the plan's host-side lengths, which the op does not see (the API checks it before calling the op).
 The fake implementation runs the same checks on fake tensors, so a bad call fails at trace time
 with the same ``ValueError``/``TypeError``.
-It always launches the split-kv merge kernel, never the in-grid merge (``MLA_GRID_MERGE``): that
-one writes a word of ``tile_scheduler_metadata``, which the schema declares read-only.
+It always launches the split-kv merge kernel, neither the in-grid merge (``MLA_GRID_MERGE``) nor the seesaw's
+merge by each request's last chunk: both write words of ``tile_scheduler_metadata`` (a barrier word, arrival
+counts that return to 0), which the schema declares read-only.
 """
 from __future__ import annotations
 
 import torch
+
+import pipelines
 
 from . import api, validate
 from .reference import HEAD_DIM_V
@@ -72,10 +75,10 @@ def decode(q: torch.Tensor, k_cache: torch.Tensor, block_table: torch.Tensor, ca
         if key is not None:
             api._remember(_CALLS, key, launch)
     try:
-        # grid_merge 0: the op never merges in the decode's grid, whose barrier writes a word of the plan,
-        # which the schema declares read-only (docs/interfaces.md, "In-grid merge").
+        # PLAN_READ_ONLY: the op merges with the merge kernel alone; the in-grid merge and the merge by the last
+        # chunks write words of the plan, which the schema declares read-only (docs/interfaces.md, "In-grid merge").
         launch(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse, workspace,
-               float(softmax_scale), 0)
+               float(softmax_scale), pipelines.PLAN_READ_ONLY)
     except (ValueError, TypeError):
         # The compiled function refused an argument (device, dtype, alignment): name it as the API does.
         _check(*args, softmax_scale, causal, pipeline, launcher=False)

@@ -83,6 +83,9 @@ once); ``1``/``on``: every call the kernel can; ``0``/``off``: never."""
 GRID_MERGE_VARIANTS = ("2wg",)
 """Variants whose kernels merge in their grid (``in_grid_merge`` on the kernel classes; a CPU test
 checks that the two agree)."""
+# The compiled entry's ``grid_merge`` argument for a call that writes nothing of the plan (the torch op, whose schema
+# declares it read-only): neither the in-grid merge nor the merge by each request's last chunk (``launch.DecodeEntry``).
+PLAN_READ_ONLY = -1
 GRID_MERGE_NEVER, GRID_MERGE_ALWAYS, GRID_MERGE_EAGER = 0, 1, 2
 _SM_COUNTS: dict = {}
 

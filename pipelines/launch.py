@@ -252,9 +252,12 @@ class DecodeEntry:
                  tile_scheduler_metadata: cute.Tensor, num_splits: cute.Tensor, out: cute.Tensor, lse: cute.Tensor,
                  workspace: cute.Tensor, softmax_scale: cutlass.Float32, grid_merge: cutlass.Int32,
                  stream: cuda.CUstream):
-        """``grid_merge`` != 0: the decode kernel merges the split requests in its own grid (a
+        """``grid_merge`` > 0: the decode kernel merges the split requests in its own grid (a
         cooperative launch, no merge kernel; only where the kernel ``can_merge_in_grid()``, else ignored).
-        The caller passes it only for a grid that fits the GPU at once (``pipelines.grid_merge_mode``)."""
+        The caller passes it only for a grid that fits the GPU at once (``pipelines.grid_merge_mode``).
+        ``grid_merge`` < 0 (``pipelines.PLAN_READ_ONLY``, the torch op): the call writes nothing of the plan, so neither
+        the in-grid merge nor the merge by each request's last chunk (whose counts live in the plan's reserved
+        columns): the merge kernel merges."""
         o_accum, lse_accum = self.workspace_views(q, tile_scheduler_metadata, workspace)
         merge_tiles = self.merge_tiles(block_table)
         # A kernel that cannot merge in its grid gets grid_merge 0 (the branch below then always
@@ -262,7 +265,8 @@ class DecodeEntry:
         in_grid = cutlass.Int32(0)
         merge_y = cutlass.Int32(1)
         if cutlass.const_expr(self.decode.can_merge_in_grid()):
-            in_grid = grid_merge
+            if grid_merge > 0:
+                in_grid = grid_merge
             merge_y = self.merge.in_grid_y(merge_tiles, num_splits.shape[0] - 1, tile_scheduler_metadata.shape[0])
         # The merge by each request's last chunk where the kernel does it (``can_merge_chunks``), the plan has at
         # most ``MAX_PARTS`` parts and the shapes estimate at most ``MAX_EST`` chunks per request
@@ -270,7 +274,7 @@ class DecodeEntry:
         chunk = cutlass.Int32(0)
         if cutlass.const_expr(self.decode.can_merge_chunks()):
             num_parts = tile_scheduler_metadata.shape[0]
-            if (num_parts <= last_chunk.MAX_PARTS) & (
+            if (grid_merge >= 0) & (num_parts <= last_chunk.MAX_PARTS) & (
                     self.merge.n_est(merge_tiles, num_splits.shape[0] - 1, num_parts) <= last_chunk.MAX_EST):
                 chunk = cutlass.Int32(1)
                 in_grid = cutlass.Int32(0)

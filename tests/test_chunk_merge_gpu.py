@@ -103,3 +103,35 @@ def test_merge_by_last_chunk_matches_reference(variant, case):
     cmp = compare_to_reference(out, lse, ref_out, ref_lse)
     assert cmp.ok, f"graph replays: {cmp.message}"
     assert torch.equal(dec.tile_scheduler_metadata, planned)
+
+
+def test_plan_read_only_call_leaves_the_merge_to_the_merge_kernel():
+    """``pipelines.PLAN_READ_ONLY`` (the torch op's ``grid_merge``): the decode does not merge by the last chunks.
+    Proved on a build that launches no merge kernel: the split rows keep out's NaN there, while the same build
+    with ``grid_merge`` 0 merges them (so the case does take the last-chunk path otherwise)."""
+    import pipelines
+
+    seqlens, s_q, h_q = [4096] * 40, 2, 128
+    p = make_decode_problem(seqlens, s_q=s_q, h_q=h_q, page_size=64, device="cuda", seed=7, value_scale=0.1)
+    dec = mla.MLADecoder(pipeline="seesaw")
+    dec.plan(p.cache_seqlens, num_heads_q=h_q, seq_len_q=s_q, page_size=64, dtype=p.q.dtype)
+    entry, merges = _entry("seesaw", dec, None, p.block_table.shape[1], True)
+    assert merges
+    splits = dec.num_splits.tolist()
+    split_req = [r for r in range(len(seqlens)) if splits[r + 1] - splits[r] > 1]
+    assert split_req, "the case must split a request"
+    ref_out, ref_lse = mla_decode_reference(p.q, p.k_cache, p.block_table, p.cache_seqlens)
+    for grid_merge in (0, pipelines.PLAN_READ_ONLY):
+        out = torch.full((len(seqlens), s_q, h_q, 512), float("nan"), dtype=p.q.dtype, device="cuda")
+        lse = torch.full((len(seqlens), h_q, s_q), float("nan"), dtype=torch.float32, device="cuda")
+        entry(p.q, p.k_cache, p.block_table, p.cache_seqlens, dec.tile_scheduler_metadata, dec.num_splits, out, lse,
+              dec._workspace, dec._scale, grid_merge)
+        torch.cuda.synchronize()
+        if grid_merge == 0:
+            assert compare_to_reference(out, lse, ref_out, ref_lse).ok
+        else:
+            assert torch.isnan(out[split_req].float()).all(), "a read-only call merged by the last chunks"
+            whole = [r for r in range(len(seqlens)) if r not in split_req]
+            if whole:
+                cmp = compare_to_reference(out[whole], lse[whole], ref_out[whole], ref_lse[whole])
+                assert cmp.ok, cmp.message
