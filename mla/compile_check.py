@@ -74,7 +74,8 @@ _PATTERNS = {
 class Target:
     """One kernel to compile: a name, how to compile it, and its promises.
 
-    ``need``: instructions that must appear (count > 0); ``forbid``: ones that must not.
+    ``need``: instructions that must appear (count > 0); ``forbid``: ones that must not, or at most ``allow``'s
+    count of them (pairs of name and count).
     """
     name: str
     kind: str  # "decode", "merge" or "planner"
@@ -90,6 +91,7 @@ class Target:
     split_cluster: int = 1
     registers: int | None = None  # the registers per thread the kernel must start with (None: any)
     partial: str | None = None  # split-kv partial dtype (None: the default, the input dtype)
+    allow: tuple[tuple[str, int], ...] = ()
 
 
 # What each pipeline variant promises in its SASS, whatever the page size. 2wg: wgmma for QK and PV,
@@ -153,6 +155,21 @@ def loader_promises(page_size: int, h_q: int, s_q: int, multicast: bool,
     return tuple(need), tuple(forbid)
 
 
+MERGE_STAGING_LDGSTS = 2
+"""cp.async copies of the merge by the last chunk's staging (``SplitMerge.merge_rows``) in a decode kernel's SASS."""
+
+
+def merges_by_last_chunk(variant: str, h_q: int, s_q: int, split_cluster: int, partial: str | None) -> bool:
+    """Whether ``variant``'s decode kernel for that configuration (one kv head) merges split requests by their last
+    chunk (its class's ``chunk_merge`` and ``can_merge_chunks``: no split cluster, ``split_k.last_chunk.fits``)."""
+    from pipelines import launch
+    from split_k import last_chunk
+
+    cls = launch._kernel_class(variant)
+    return (bool(getattr(cls, "chunk_merge", False)) and split_cluster == 1
+            and last_chunk.fits(-(-h_q * s_q // 64), 1, 32 if partial == "float32" else 16))
+
+
 def targets(variants: list[str]) -> list[Target]:
     import pipelines
     from pipelines import paged_kv, variant_2wg_narrow
@@ -177,11 +194,16 @@ def targets(variants: list[str]) -> list[Target]:
                 forbid += ("HGMMA_NARROW",)
                 if v == "2wg":  # the 64-row kernel: P's unswizzled tile, 16 stores from one base (MIN_COUNTS)
                     need += ("STS_ONE_BASE",)
-            # The in-grid merge (pipelines.GRID_MERGE_VARIANTS, never with a split cluster).
-            if v in pipelines.GRID_MERGE_VARIANTS and split_cluster == 1:
+            # The in-grid merge (pipelines.GRID_MERGE_VARIANTS, never with a split cluster) and the merge by each
+            # request's last chunk (its arrival count: the same gpu-scope atomic add).
+            chunk_merge = merges_by_last_chunk(v, h_q, s_q, split_cluster, partial)
+            if (v in pipelines.GRID_MERGE_VARIANTS and split_cluster == 1) or chunk_merge:
                 need += ("GRID_BARRIER",)
             else:
                 forbid += ("GRID_BARRIER",)
+            # The merge by the last chunk stages the partials with cp.async (SplitMerge.merge_rows): on TMA pages
+            # those copies, and no more (K still by TMA).
+            allow = (("LDGSTS", MERGE_STAGING_LDGSTS),) if chunk_merge and paged_kv.uses_tma(page) else ()
             registers = p.get("registers")
             if v == "seesaw":
                 if paged_kv.uses_tma(page):
@@ -205,7 +227,7 @@ def targets(variants: list[str]) -> list[Target]:
             out.append(Target(name, "decode", v, dtype, h_q, s_q, causal,
                               need=tuple(dict.fromkeys(p["need"] + need)),
                               forbid=tuple(dict.fromkeys(p["forbid"] + forbid)), page_size=page, multicast=multicast,
-                              split_cluster=split_cluster, registers=registers, partial=partial))
+                              split_cluster=split_cluster, registers=registers, partial=partial, allow=allow))
     out.append(Target("merge bf16 h128 s_q1", "merge", None, "bfloat16", 128, 1, False, need=()))
     # The planner: one CTA of scalar code; its walk must stay in registers.
     out.append(Target("planner", "planner", None, "int32", 0, 0, False, need=()))
@@ -291,11 +313,14 @@ def dependent_launch_problems(sass: str) -> list[str]:
     return problems
 
 
-def check_promises(counts: dict[str, int], need, forbid) -> list[str]:
-    """Return the broken promises (empty if all hold)."""
+def check_promises(counts: dict[str, int], need, forbid, allow=()) -> list[str]:
+    """Return the broken promises (empty if all hold); ``allow``: (name, count) pairs, at most that many of a
+    forbidden instruction."""
+    allowed = dict(allow)
     problems = [f"no {k}" if MIN_COUNTS.get(k, 1) == 1 else f"{counts.get(k, 0)} {k} (< {MIN_COUNTS[k]})"
                 for k in need if counts.get(k, 0) < MIN_COUNTS.get(k, 1)]
-    problems += [f"{counts[k]} {k}" for k in forbid if counts.get(k, 0) > 0]
+    problems += [f"{counts[k]} {k}" + (f" (> {allowed[k]})" if k in allowed else "")
+                 for k in forbid if counts.get(k, 0) > allowed.get(k, 0)]
     if counts.get("HGMMA", 0) and counts.get("WGMMA_WAIT", 0) > MAX_WAITS_PER_HGMMA * counts["HGMMA"]:
         problems.append(f"wgmma serialized ({counts['WGMMA_WAIT']} waits for {counts['HGMMA']} HGMMA)")
     return problems
@@ -387,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                 with open(os.path.join(dump, "kernel.sass"), "w") as f:
                     f.write(sass)
         counts = count_sass(sass)
-        problems = check_promises(counts, t.need, t.forbid)
+        problems = check_promises(counts, t.need, t.forbid, t.allow)
         if t.kind == "decode":
             problems += dependent_launch_problems(sass)
         registers = cubin_registers(cubin)
