@@ -531,6 +531,10 @@ class MLADecodeBase:
                     if n > 1:
                         s_last = cute.make_tensor(cute.recast_ptr(storage.lse_slots.data_ptr(), dtype=Int32),
                                                   cute.make_layout(2))
+                        # (This phase of the barrier is complete before anyone reaches the merge's syncs on it:
+                        # a count here means a later request follows in the part, and its epilogue (the seesaw's
+                        # ``finish_chunk``, barrier INV) makes the arriving warpgroup wait for the counting one,
+                        # which arrives there only after this sync.)
                         # Only thread 0 reads past this barrier (its count's release covers every stored partial):
                         # the other threads' warpgroups arrive, the counting one waits. Why not one barrier that
                         # all wait on: the roles reach it from separate code (one copy per warpgroup), and an

@@ -115,7 +115,7 @@ class ModeEntry(DecodeEntry):
                  workspace, softmax_scale, grid_merge, stream):
         o_accum, lse_accum = self.workspace_views(q, tile_scheduler_metadata, workspace)
         self.decode(q, k_cache, block_table, cache_seqlens, tile_scheduler_metadata, num_splits, out, lse,
-                    o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1), stream)
+                    o_accum, lse_accum, softmax_scale, cutlass.Int32(0), cutlass.Int32(1), cutlass.Int32(0), stream)
         max_tiles = self.merge_tiles(block_table)
         if cutlass.const_expr(self.mode in ("merge-l8", "merge-w8", "merge-n16", "merge-y2", "merge-alt",
                                             "merge-alt2")):

@@ -93,7 +93,7 @@ def probe_class(base: int, overrides: dict | None = None):
         @cute.jit
         def warpgroup_roles(self, tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
                             mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k,
-                            scale_log2):
+                            scale_log2, merge_tail=None):
             sums = cutlass.Int32(storage.probe_sums.data_ptr().toint())
             self.probe_sums = sums  # read by ``mark`` while tracing (defined before every branch)
             if tidx < ROW:
@@ -103,7 +103,7 @@ def probe_class(base: int, overrides: dict | None = None):
             self.stamp_span(tidx, sums, 0)
             super().warpgroup_roles(tidx, m_block, kv_head, mMeta, tma_q, mQ, tma_k, mK, mBlockTable, mSeqlens,
                                     mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k,
-                                    scale_log2)
+                                    scale_log2, merge_tail)
             cute.arch.sync_threads()
             self.stamp_span(tidx, sums, 1)
             cute.arch.sync_threads()

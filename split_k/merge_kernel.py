@@ -605,7 +605,10 @@ class SplitMerge:
                     inv = Float32(1.0) / total
                     lse = (mx + cute.math.log2(total, fastmath=True)) * Float32(LN2)
                 for k in cutlass.range(n, unroll=1):
-                    sW[k * pb + mtidx] = sW[k * pb + mtidx] * inv  # (inv 0: every weight 0)
+                    w = Float32(0.0)  # (no chunk saw a key: the weights still hold -inf lse, and -inf * 0 is NaN)
+                    if total > Float32(0.0):
+                        w = sW[k * pb + mtidx] * inv
+                    sW[k * pb + mtidx] = w
                 mLSE[r, row % self.h_q, row // self.h_q] = lse
             cute.arch.cp_async_wait_group(0)
             cute.arch.sync_warp()  # (threads of a warp branch apart in the loops and row work before)
