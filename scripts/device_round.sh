@@ -10,6 +10,10 @@
 # (its narrow kernel at <= 32 rows) against the 64-row form on five narrow rows.
 # checks (default elsewhere): every GPU test (scripts/gpu_tests_sharded.py), then memcheck and synccheck
 # on a split decode per pipeline and of the narrow kernel (16 and 32 wide).
+# grids (issue 8's H200 standing; stops at once on any other card): the grid's page-64 entries precompiled,
+# then two full page-64 grids (perf JSON to $OUT, named <device>_<date>_<COMMIT>_p64[-rerun].json, for
+# perf_table/results/). paired (H200 only too): FlashMLA built from .flashmla/src.tar.xz (carry ".flashmla";
+# scripts/flashmla_build.py) and timed beside auto over the page-64 grid (scripts/flashmla_pair.py).
 # Logs go to $OUT (or /tmp/device-round). Exit status: non-zero if a correctness step failed.
 set -u
 out=${OUT:-/tmp/device-round}; mkdir -p "$out"
@@ -25,7 +29,23 @@ echo "mode $mode"
 commit=${COMMIT:-unknown}
 fail=0
 pt="python -m pytest -m gpu -q -p no:cacheprovider"
-if [ "$mode" = bars ]; then
+if [ "$mode" = grids ] || [ "$mode" = paired ]; then
+  case "$gpu" in *H200*) ;; *) echo "not an H200: $mode stops here"; exit 3 ;; esac
+  export MLA_CACHE_DIR=${MLA_CACHE_DIR:-$PWD/.mla_cache}
+  stem="$out/nvidia-h200_$(date -u +%F)_${commit}"
+  step precomp 240 python -m mla.precompile --heads-q 128 64 32 16 --seqlen-q 1 2 --page-size 64 --causal both \
+    --jobs 14 || fail=1
+fi
+if [ "$mode" = grids ]; then
+  step grid1 240 python -m perf_table run --page-size 64 --no-eager --out "${stem}_p64.json" --commit "$commit" || fail=1
+  step grid2 240 python -m perf_table run --page-size 64 --no-eager --out "${stem}_p64-rerun.json" --commit "$commit" \
+    || fail=1
+elif [ "$mode" = paired ]; then
+  step fmbuild 240 python scripts/flashmla_build.py --src .flashmla/src.tar.xz --build-dir .flashmla_build || fail=1
+  PYTHONPATH=.flashmla_build:${PYTHONPATH:-} step pair 300 python scripts/flashmla_pair.py --grid --variant auto \
+    --replays 100 --json "${stem}_flashmla-9241ae3.json" --commit "$commit" || fail=1
+  tail -3 "$out/pair.log"
+elif [ "$mode" = bars ]; then
   step perf 330 python -m perf_table run --quick --out "$out" --commit "$commit" || fail=1
   step eager 200 python scripts/host_timing.py eager --rounds 3 || fail=1
   grep -E "us per call|GPU time" "$out/eager.log" || true
