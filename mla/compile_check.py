@@ -159,15 +159,15 @@ MERGE_STAGING_LDGSTS = 2
 """cp.async copies of the merge by the last chunk's staging (``SplitMerge.merge_rows``) in a decode kernel's SASS."""
 
 
-def merges_by_last_chunk(variant: str, h_q: int, s_q: int, split_cluster: int, partial: str | None) -> bool:
-    """Whether ``variant``'s decode kernel for that configuration (one kv head) merges split requests by their last
-    chunk (its class's ``chunk_merge`` and ``can_merge_chunks``: no split cluster, ``split_k.last_chunk.fits``)."""
+def merges_by_last_chunk(variant: str, dtype: str, h_q: int, s_q: int, causal: bool, page: int, split_cluster: int,
+                         partial: str | None) -> bool:
+    """Whether ``variant``'s decode kernel for that configuration merges split requests by their last chunk (its
+    ``can_merge_chunks``, as the compiled entry builds it)."""
     from pipelines import launch
-    from split_k import last_chunk
 
-    cls = launch._kernel_class(variant)
-    return (bool(getattr(cls, "chunk_merge", False)) and split_cluster == 1
-            and last_chunk.fits(-(-h_q * s_q // 64), 1, 32 if partial == "float32" else 16))
+    config = launch.DecodeConfig.make(variant, dtype, h_q, s_q, page, causal, split_cluster=split_cluster,
+                                      partial=partial)
+    return launch.DecodeEntry(config).decode.can_merge_chunks()
 
 
 def targets(variants: list[str]) -> list[Target]:
@@ -196,7 +196,7 @@ def targets(variants: list[str]) -> list[Target]:
                     need += ("STS_ONE_BASE",)
             # The in-grid merge (pipelines.GRID_MERGE_VARIANTS, never with a split cluster) and the merge by each
             # request's last chunk (its arrival count: the same gpu-scope atomic add).
-            chunk_merge = merges_by_last_chunk(v, h_q, s_q, split_cluster, partial)
+            chunk_merge = merges_by_last_chunk(v, dtype, h_q, s_q, causal, page, split_cluster, partial)
             if (v in pipelines.GRID_MERGE_VARIANTS and split_cluster == 1) or chunk_merge:
                 need += ("GRID_BARRIER",)
             else:

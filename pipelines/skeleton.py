@@ -121,8 +121,9 @@ class MLADecodeBase:
     # The split-kv merge by each request's last chunk (``split_k.last_chunk``): the CTA that stores a split
     # request's last partial merges that request's rows of its m-block (``merge_by_last_chunk``, called by the
     # variant's roles with the ``merge_tail`` the kernel hands them), so the call launches no merge kernel. Only
-    # where ``can_merge_chunks()`` (one kv head, at most 12 m-blocks, no split cluster) and the plan has at most
-    # 255 parts (``DecodeEntry``). A class constant (a variant opts in; an A/B sets it).
+    # where ``can_merge_chunks()`` (one kv head, at most 12 m-blocks, 16-bit partials, no split cluster) and the
+    # launch's gate passes (``DecodeEntry``: at most ``last_chunk.MAX_PARTS`` parts, ``MAX_EST`` chunks per
+    # request). A class constant (a variant opts in; an A/B sets it).
     chunk_merge = False
     # Named barrier of the threads that stored a chunk's outputs, for ``merge_by_last_chunk`` (a variant that
     # opts into ``chunk_merge`` sets an id its roles do not use, and ``merge_threads``).
@@ -480,9 +481,7 @@ class MLADecodeBase:
                 begin_req = mMeta[part, BEGIN_REQ]
                 end_req = mMeta[part, END_REQ]
                 begin_split = mMeta[part, BEGIN_SPLIT]
-                # Free after the roles (a split cluster's lse slots; no split cluster here): the two verdicts.
-                s_last = cute.make_tensor(cute.recast_ptr(storage.lse_slots.data_ptr(), dtype=Int32),
-                                          cute.make_layout(2))
+                s_last = self.chunk_verdicts(storage)
                 self.merge_barrier()
                 if mtidx == 0:
                     first_last = Int32(0)
@@ -529,8 +528,7 @@ class MLADecodeBase:
                 if end_req > begin_req:
                     n = mNumSplits[r + 1] - mNumSplits[r]
                     if n > 1:
-                        s_last = cute.make_tensor(cute.recast_ptr(storage.lse_slots.data_ptr(), dtype=Int32),
-                                                  cute.make_layout(2))
+                        s_last = self.chunk_verdicts(storage)
                         # (This phase of the barrier is complete before anyone reaches the merge's syncs on it:
                         # a count here means a later request follows in the part, and its epilogue (the seesaw's
                         # ``finish_chunk``, barrier INV) makes the arriving warpgroup wait for the counting one,
@@ -547,6 +545,12 @@ class MLADecodeBase:
                         else:
                             cute.arch.barrier_arrive(barrier_id=self.merge_barrier_id,
                                                      number_of_threads=self.merge_threads)
+
+    @cute.jit
+    def chunk_verdicts(self, storage):
+        """Two Int32 in shared memory: whether this CTA merges the part's first request (0) and its last (1).
+        In the split cluster's lse slots, unused here (the merge by the last chunk runs without a split cluster)."""
+        return cute.make_tensor(cute.recast_ptr(storage.lse_slots.data_ptr(), dtype=Int32), cute.make_layout(2))
 
     @cute.jit
     def merge_barrier(self):
