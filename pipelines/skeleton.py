@@ -120,10 +120,10 @@ class MLADecodeBase:
     merger = None
     # The split-kv merge by each request's last chunk (``split_k.last_chunk``): the CTA that stores a split
     # request's last partial merges that request's rows of its m-block (``merge_by_last_chunk``, called by the
-    # variant's roles with the ``merge_tail`` the kernel hands them), so the call launches no merge kernel. Only
-    # where ``can_merge_chunks()`` (one kv head, at most 12 m-blocks, 16-bit partials, no split cluster) and the
-    # launch's gate passes (``DecodeEntry``: at most ``last_chunk.MAX_PARTS`` parts, ``MAX_EST`` chunks per
-    # request). A class constant (a variant opts in; an A/B sets it).
+    # variant's ``warpgroup_roles`` with the ``merge_tail`` the kernel hands it), so the call launches no merge
+    # kernel. Only where ``can_merge_chunks()`` (one kv head, at most 12 m-blocks, 16-bit partials, no split
+    # cluster) and the launch's gate passes (``DecodeEntry``: at most ``last_chunk.MAX_PARTS`` parts, ``MAX_EST``
+    # chunks per request). A class constant (a variant opts in; an A/B sets it).
     chunk_merge = False
     # Named barrier of the threads that stored a chunk's outputs, for ``merge_by_last_chunk`` (a variant that
     # opts into ``chunk_merge`` sets an id its roles do not use, and ``merge_threads``).
@@ -399,8 +399,8 @@ class MLADecodeBase:
         # The roles read this CTA's work list themselves (``work_list``): a variant that resizes its
         # warpgroups' registers (setmaxnreg) reads it after doing so.
         # What the roles need for the merge by a request's last chunk (``merge_by_last_chunk``): run by the
-        # threads that stored the outputs, inside their role (a warpgroup that lowered its registers with
-        # setmaxnreg must not reach the merge's code).
+        # threads that stored the outputs, in their branch of ``warpgroup_roles`` after their roles (a warpgroup
+        # that lowered its registers with setmaxnreg must not reach the merge's code).
         merge_tail = None
         if const_expr(self.can_merge_chunks()):
             merge_tail = (chunk_merge, part, mMeta, mNumSplits, mMergeO, mMergeLSE, mMergeOaccum, mMergeLSEaccum)
