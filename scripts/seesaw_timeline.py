@@ -75,8 +75,7 @@ FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-con
                                                                    "seesaw-no-l2", "seesaw-max-after",
                                                                    "seesaw-producer-spin", "seesaw-keep-p",
                                                                    "seesaw-late-fence", "seesaw-narrow-boxes", "seesaw-sts",
-                                                                   "seesaw-steady", "seesaw-late-join",
-                                                                   "seesaw-late-join-p0")}}
+                                                                   "seesaw-steady")}}
 MAX_CTAS = 1024
 
 
