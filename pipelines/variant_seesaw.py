@@ -168,10 +168,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # running max, or a chunk's first pair) moves its stored P and, once its register P.V retired, its O to it.
     # Why: WG1's softmax waited for WG0's (M0) on the pair's critical path. A class constant (an A/B sets it).
     wg1_late_join = False
-    # WG0 arrives P0 (after M1) before it waits for its P.V of t0, instead of after (``wg0_early_p0``): with
-    # ``wg1_late_join`` M1 comes while that P.V still runs beside WG1's. Its stored P0 is rewritten (rare) only
-    # once the P.V, which reads the same registers, retired. A class constant (an A/B sets it).
-    wg0_early_p0 = False
     # The producer polls each empty barrier (``produce_group``) before its acquire, which otherwise sleeps in
     # try_wait between checks: a refill is on the next QK's path. Off: paired (mode ``seesaw-producer-spin``)
     # 1-2% faster at b128 s2 h128 4096, 0.3-0.7% slower on three other rows. A class constant (an A/B sets it).
@@ -868,49 +864,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
         if const_expr(self.early_p_fence):
             cute.arch.fence_view_async_shared()
-        if const_expr(not self.wg0_early_p0):
-            prod = self.wg0_retire_pv_t0(pipe_g0, a0, prod, is_producer, t0, stop, r, seqlen, kv_head, wg_tidx,
-                                         tma_k, mK, sK, mBlockTable, page_a, full)
-        # m1 = max(m0, rowmax S1) from WG1 (m0 itself where there is no t1).
-        self.read_max(s_m, 1, other_max, tScS, int(Bar.M1))
-        if const_expr(self.wg1_late_join):
-            self.pair_max(other_max, row_max)  # (m1 is WG1's own then, possibly below m0)
-        self.mark(6, wg_tidx, full)
-        if has_t1:
-            self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: never read by WG0 (after M1: see docstring)
-        softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
-        # P0 relative to m1 for WG1: written again only by the warps where the max moved.
-        if softmax.warp_needs_rescale(row_scale):
-            if const_expr(self.wg0_early_p0):
-                warpgroup.wait_group(0)  # PV_L(t0) reads rP
-            if const_expr(self.clear_p):  # from the bf16 P0 (S is cleared): rounded twice
-                acc_s.store(rP.load().to(Float32))
-            softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
-            rP.store(acc_s.load().to(self.dtype))
-            self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
-            if const_expr(self.early_p_fence):
-                cute.arch.fence_view_async_shared()
-        if const_expr(not self.early_p_fence):
-            cute.arch.fence_view_async_shared()
-        cute.arch.barrier_arrive(barrier_id=int(Bar.P0), number_of_threads=256)
-        self.mark(2, wg_tidx, full)
-        if const_expr(self.wg0_early_p0):
-            prod = self.wg0_retire_pv_t0(pipe_g0, a0, prod, is_producer, t0, stop, r, seqlen, kv_head, wg_tidx,
-                                         tma_k, mK, sK, mBlockTable, page_a, full)
-        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
-        if has_t1:
-            # P1 in smem and WG1's two P.Vs issued: O_L += P1.V_L(t1) goes in behind them.
-            cute.arch.barrier(barrier_id=int(Bar.P1), number_of_threads=256)
-            prod = self.wg0_tail(t0, t1, b0, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r, kv_head, wg_tidx,
-                                 is_producer, acc_s, acc_o, tSrQ, tSrK, tOrV_ss, tOrP_other, tma_k, mK, sK,
-                                 mBlockTable, page_b, steady)
-        return prod
-
-    @cute.jit
-    def wg0_retire_pv_t0(self, pipe_g0, a0, prod, is_producer, t0, stop, r, seqlen, kv_head, wg_tidx, tma_k, mK, sK,
-                         mBlockTable, page_a, full):
-        """WG0 waits for its P.V of t0 and releases G0 of t0 (QK and P.V done), refilled now."""
-        C = self.split_cluster
         warpgroup.wait_group(0)
         self.mark(4, wg_tidx, full)
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: QK and P.V done; refill it now
@@ -922,6 +875,34 @@ class MLADecodeSeesaw(MLADecodeBase):
                                     wg_tidx, page=page_a, cols=G0_COLS)
                     prod.advance()
         self.mark(5, wg_tidx, full)
+        # m1 = max(m0, rowmax S1) from WG1 (m0 itself where there is no t1).
+        self.read_max(s_m, 1, other_max, tScS, int(Bar.M1))
+        if const_expr(self.wg1_late_join):
+            self.pair_max(other_max, row_max)  # (m1 is WG1's own then, possibly below m0)
+        self.mark(6, wg_tidx, full)
+        if has_t1:
+            self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: never read by WG0 (after M1: see docstring)
+        softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)
+        # P0 relative to m1 for WG1: written again only by the warps where the max moved.
+        if softmax.warp_needs_rescale(row_scale):
+            if const_expr(self.clear_p):  # from the bf16 P0 (S is cleared): rounded twice
+                acc_s.store(rP.load().to(Float32))
+            softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
+            rP.store(acc_s.load().to(self.dtype))
+            self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
+            if const_expr(self.early_p_fence):
+                cute.arch.fence_view_async_shared()
+        if const_expr(not self.early_p_fence):
+            cute.arch.fence_view_async_shared()
+        cute.arch.barrier_arrive(barrier_id=int(Bar.P0), number_of_threads=256)
+        self.mark(2, wg_tidx, full)
+        softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
+        if has_t1:
+            # P1 in smem and WG1's two P.Vs issued: O_L += P1.V_L(t1) goes in behind them.
+            cute.arch.barrier(barrier_id=int(Bar.P1), number_of_threads=256)
+            prod = self.wg0_tail(t0, t1, b0, n0, n1, pipe_g0, pipe_g1, prod, seqlen, stop, r, kv_head, wg_tidx,
+                                 is_producer, acc_s, acc_o, tSrQ, tSrK, tOrV_ss, tOrP_other, tma_k, mK, sK,
+                                 mBlockTable, page_b, steady)
         return prod
 
     @cute.jit
