@@ -162,12 +162,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # up to 1.5% faster (b64 s1 h128 1024), 0.1-0.5% slower at b128 s2 h128 4096; bit-identical. A class
     # constant (an A/B sets it).
     wg1_max_ahead = True
-    # WG1 scores t1 from the running max it shares with WG0 (the pair's start) without waiting for m0, issues its
-    # P.V of t1 and only then takes m0 (``wg1_late_join``): the pair's max is max(m0, m1) in both warpgroups, and a
-    # warpgroup whose own max is below it (rare with lazy rescaling: a tile max more than 8 log2 units above the
-    # running max, or a chunk's first pair) moves its stored P and, once its register P.V retired, its O to it.
-    # Why: WG1's softmax waited for WG0's (M0) on the pair's critical path. A class constant (an A/B sets it).
-    wg1_late_join = False
     # The producer polls each empty barrier (``produce_group``) before its acquire, which otherwise sleeps in
     # try_wait between checks: a refill is on the next QK's path. Off: paired (mode ``seesaw-producer-spin``)
     # 1-2% faster at b128 s2 h128 4096, 0.3-0.7% slower on three other rows. A class constant (an A/B sets it).
@@ -611,25 +605,6 @@ class MLADecodeSeesaw(MLADecodeBase):
             out[i] = s_m[tScS[i, 0][0], slot]
 
     @cute.jit
-    def pair_max(self, other_max, row_max):
-        """``other_max`` := max(other, own) per row (``wg1_late_join``: each warpgroup's max is its own tile's, so
-        either can be the larger; both warpgroups take the same value)."""
-        for i in cutlass.range_constexpr(cute.size(other_max, mode=[0])):
-            other_max[i] = cute.arch.fmax(other_max[i], row_max[i])
-
-    @cute.jit
-    def wg1_join_m0(self, s_m, other_max, tScS, pipe_g0, a0, row_max, row_sum, row_scale, scale_log2, wg_tidx, full,
-                    own_max: cutlass.Constexpr[bool] = False):
-        """WG1 takes m0 (M0), releases G0 of t0 (never read by WG1: after M0, see ``role``) and moves its running
-        max to it (``own_max``: to max(m0, its own)), ``row_scale`` the factor for O_R."""
-        self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
-        self.mark(13, wg_tidx, full)
-        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
-        if const_expr(own_max):
-            self.pair_max(other_max, row_max)
-        softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)  # to m0
-
-    @cute.jit
     def pv(self, rs: cutlass.Constexpr[bool], acc_o, tOrP, tOrV, stage, first: cutlass.Constexpr[bool]):
         """O += P.V of one tile (issue only; the caller commits and waits): P from registers (``rs``) or
         from smem. A fresh MMA object: its ACCUMULATE state must not escape the caller's branch."""
@@ -877,8 +852,6 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.mark(5, wg_tidx, full)
         # m1 = max(m0, rowmax S1) from WG1 (m0 itself where there is no t1).
         self.read_max(s_m, 1, other_max, tScS, int(Bar.M1))
-        if const_expr(self.wg1_late_join):
-            self.pair_max(other_max, row_max)  # (m1 is WG1's own then, possibly below m0)
         self.mark(6, wg_tidx, full)
         if has_t1:
             self.loader.consumer_release(pipe_g1, b1)  # G1 of t1: never read by WG0 (after M1: see docstring)
@@ -927,14 +900,14 @@ class MLADecodeSeesaw(MLADecodeBase):
                 if const_expr(not steady):
                     self.mask_tile(acc_s, t1, seqlen, row_limit, tScS)
                 softmax.tile_row_max(layouts.acc_mn_view(acc_s), tile_max, self.softmax_tree)
-        if const_expr(not self.wg1_late_join):
-            self.wg1_join_m0(s_m, other_max, tScS, pipe_g0, a0, row_max, row_sum, row_scale, scale_log2, wg_tidx,
-                             full)
+        self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
+        self.mark(13, wg_tidx, full)
+        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
+        softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)  # to m0
         valid0 = seqlen - t0 * BLOCK_N
         if has_t1:
             to_m0 = cute.make_rmem_tensor_like(row_scale)
-            if const_expr(not self.wg1_late_join):
-                to_m0.store(row_scale.load())
+            to_m0.store(row_scale.load())
             if const_expr(self.wg1_max_ahead):
                 softmax.online_softmax_step_from(layouts.acc_mn_view(acc_s), tile_max, row_max, row_sum, row_scale,
                                                  scale_log2, self.lazy_rescale)
@@ -943,9 +916,8 @@ class MLADecodeSeesaw(MLADecodeBase):
                                   mask=not steady)
             self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))
             self.mark(16, wg_tidx, full)
-            if const_expr(not self.wg1_late_join):
-                for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
-                    row_scale[i] = row_scale[i] * to_m0[i]  # O_R from m to m1 in one pass
+            for i in cutlass.range_constexpr(cute.size(row_scale, mode=[0])):
+                row_scale[i] = row_scale[i] * to_m0[i]  # O_R from m to m1 in one pass
             rP = cute.make_rmem_tensor_like(acc_s, self.dtype)
             rP.store(acc_s.load().to(self.dtype))
             self.clear_s(acc_s)
@@ -955,18 +927,6 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_b, True)
             warpgroup.commit_group()
             self.mark(20, wg_tidx, full)
-            if const_expr(self.wg1_late_join):
-                # m0 now, behind the P.V (M0 also orders P1's stores below after WG0's P.V of the previous P1).
-                self.wg1_join_m0(s_m, other_max, tScS, pipe_g0, a0, row_max, row_sum, row_scale, scale_log2,
-                                 wg_tidx, full, True)
-                if softmax.warp_needs_rescale(row_scale):
-                    # m0 above m1 (rare): P1 and O_R to m0, once PV_R(t1) retired (it reads rP into O_R).
-                    warpgroup.wait_group(0)
-                    acc_s.store(rP.load().to(Float32))
-                    softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
-                    rP.store(acc_s.load().to(self.dtype))
-                    self.clear_s(acc_s)
-                    softmax.rescale_rows(acc_o_mn, row_scale)
             # P1 to smem for WG0 while that P.V runs (it reads rP only). sP is free: WG0's P.V that read the
             # previous P1 retired before WG0 arrived on this iteration's M0.
             self.store_p(rP, tPsP_own, wg_tidx)
@@ -1021,9 +981,6 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.mark(24, wg_tidx, full)
                 self.loader.consumer_release(pipe_g0, m0s)  # G0 of t1': QK was WG1's only read of it
         else:
-            if const_expr(self.wg1_late_join):
-                self.wg1_join_m0(s_m, other_max, tScS, pipe_g0, a0, row_max, row_sum, row_scale, scale_log2,
-                                 wg_tidx, full, True)
             self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))  # m1 = m0: no t1
             softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
             cute.arch.barrier(barrier_id=int(Bar.P0), number_of_threads=256)

@@ -118,9 +118,7 @@ MODES = {
     "2wg-steady-min2": ("2wg", dict(steady_loop=True, steady_min_steps=2), True),
     "2wg-steady-min4": ("2wg", dict(steady_loop=True, steady_min_steps=4), True),
     "2wg-steady-min8": ("2wg", dict(steady_loop=True, steady_min_steps=8), True),
-    "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),
-    # WG1's softmax from the shared running max without waiting for m0, the max exchange after its P.V of t1
-    "seesaw-late-join": ("seesaw", dict(wg1_late_join=True), False),  # P tiles' proxy fences on the hand-off path (before)
+    "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
 }
 
 
