@@ -2,8 +2,8 @@
 # One device call that does what the machine that came is good for (sessions ask for an H200 and
 # mostly get an H100):
 #
-#   run(command="source .device/env.sh && COMMIT=<sha> bash scripts/device_round.sh [auto|bars|checks]",
-#       carry=[".device"], kind="nvidia-h200")
+#   run(command="source .device/env.sh && COMMIT=<sha> bash scripts/device_round.sh MODE",
+#       carry=[".device"], kind="nvidia-h200")      (MODE: auto, bars, checks, grids, paired, standing)
 #
 # bars (default on an H200: the issues' bars are H200 numbers): the quick perf grid with its eager
 # column (written as perf JSON to $OUT), scripts/host_timing.py eager (issue 11's host path), and 2wg
@@ -13,7 +13,8 @@
 # grids (issue 8's H200 standing; stops at once on any other card): the grid's page-64 entries precompiled,
 # then two full page-64 grids (perf JSON to $OUT, named <device>_<date>_<COMMIT>_p64[-rerun].json, for
 # perf_table/results/). paired (H200 only too): FlashMLA built from .flashmla/src.tar.xz (carry ".flashmla";
-# scripts/flashmla_build.py) and timed beside auto over the page-64 grid (scripts/flashmla_pair.py).
+# scripts/flashmla_build.py) and timed beside auto over the page-64 grid (scripts/flashmla_pair.py). standing: grids,
+# then paired, in one call (a page-64 grid takes well under a minute once precompiled; each step keeps its limit).
 # Logs go to $OUT (or /tmp/device-round). Exit status: non-zero if a correctness step failed.
 set -u
 out=${OUT:-/tmp/device-round}; mkdir -p "$out"
@@ -29,22 +30,25 @@ echo "mode $mode"
 commit=${COMMIT:-unknown}
 fail=0
 pt="python -m pytest -m gpu -q -p no:cacheprovider"
-if [ "$mode" = grids ] || [ "$mode" = paired ]; then
+if [ "$mode" = grids ] || [ "$mode" = paired ] || [ "$mode" = standing ]; then
   case "$gpu" in *H200*) ;; *) echo "not an H200: $mode stops here"; exit 3 ;; esac
   export MLA_CACHE_DIR=${MLA_CACHE_DIR:-$PWD/.mla_cache}
   stem="$out/nvidia-h200_$(date -u +%F)_${commit}"
   step precomp 240 python -m mla.precompile --heads-q 128 64 32 16 --seqlen-q 1 2 --page-size 64 --causal both \
     --jobs 14 || fail=1
 fi
-if [ "$mode" = grids ]; then
+if [ "$mode" = grids ] || [ "$mode" = standing ]; then
   step grid1 240 python -m perf_table run --page-size 64 --no-eager --out "${stem}_p64.json" --commit "$commit" || fail=1
   step grid2 240 python -m perf_table run --page-size 64 --no-eager --out "${stem}_p64-rerun.json" --commit "$commit" \
     || fail=1
-elif [ "$mode" = paired ]; then
+fi
+if [ "$mode" = paired ] || [ "$mode" = standing ]; then
   step fmbuild 240 python scripts/flashmla_build.py --src .flashmla/src.tar.xz --build-dir .flashmla_build || fail=1
   PYTHONPATH=.flashmla_build:${PYTHONPATH:-} step pair 300 python scripts/flashmla_pair.py --grid --variant auto \
     --replays 100 --json "${stem}_flashmla-9241ae3.json" --commit "$commit" || fail=1
   tail -3 "$out/pair.log"
+elif [ "$mode" = grids ]; then
+  :  # its grids ran above (not the checks below)
 elif [ "$mode" = bars ]; then
   step perf 330 python -m perf_table run --quick --out "$out" --commit "$commit" || fail=1
   step eager 200 python scripts/host_timing.py eager --rounds 3 || fail=1
