@@ -856,33 +856,21 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_a, True)
         warpgroup.commit_group()
         self.mark(3, wg_tidx, full)
-        # P0 into t0's RoPE block for WG1 while the P.V runs (it only reads rP), relative to m0: with lazy
-        # rescaling m1 is nearly always m0, and where it is not the tile is written again below.
+        # P0 into t0's RoPE block (``p0_in_t1``: t1's, once WG1's QK(t1) retired) for WG1 while the P.V runs (it
+        # only reads rP), relative to m0: with lazy rescaling m1 is nearly always m0, and where it is not the tile
+        # is written again below.
         stage_p0 = stage_a
         if const_expr(self.p0_t1):
             if has_t1:
-                stage_p0 = b0.index  # (stored below)
-            else:
-                self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
-                if const_expr(self.early_p_fence):
-                    cute.arch.fence_view_async_shared()
-        else:
-            self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
-            if const_expr(self.early_p_fence):
-                cute.arch.fence_view_async_shared()
+                stage_p0 = b0.index
+                cute.arch.barrier(barrier_id=int(Bar.S1), number_of_threads=256)
+        self.store_p(rP, tPsP_own[None, None, None, stage_p0], wg_tidx)
+        if const_expr(self.early_p_fence):
+            cute.arch.fence_view_async_shared()
         warpgroup.wait_group(0)
         self.mark(4, wg_tidx, full)
         self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: QK and P.V done; refill it now
         self.mark(25, wg_tidx, full)
-        if const_expr(self.p0_t1):
-            if has_t1:
-                # P0 into t1's RoPE block once WG1's QK(t1) retired (S1), after G0 of t0's release: where QK(t1)
-                # retires late (its refill), the wait would otherwise hold that release back. WG0 waits for m1
-                # (M1, after WG1's softmax of t1) next, so the store mostly fills that wait.
-                cute.arch.barrier(barrier_id=int(Bar.S1), number_of_threads=256)
-                self.store_p(rP, tPsP_own[None, None, None, stage_p0], wg_tidx)
-                if const_expr(self.early_p_fence):
-                    cute.arch.fence_view_async_shared()
         if const_expr(not self.with_producer):
             if is_producer:
                 if t0 + 2 * C < stop:
