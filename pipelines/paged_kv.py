@@ -61,20 +61,6 @@ def check_page_size(page_size: int) -> None:
         raise ValueError(f"page_size must be one of {PAGE_SIZES}, got {page_size!r}")
 
 
-def consecutive_runs(cols) -> tuple:
-    """Column blocks ``cols`` (ascending) as runs of consecutive blocks: ``(0, 1, 2, 3, 8)`` -> ``((0, 1, 2, 3),
-    (8,))``. Raises ``ValueError`` for blocks out of order."""
-    runs = []
-    for c in cols:
-        if runs and c == runs[-1][-1] + 1:
-            runs[-1].append(c)
-        elif runs and c <= runs[-1][-1]:
-            raise ValueError(f"column blocks must ascend, got {tuple(cols)}")
-        else:
-            runs.append([c])
-    return tuple(tuple(r) for r in runs)
-
-
 def uses_tma(page_size: int) -> bool:
     """True when tiles of this page size are loaded by TMA, False for the cp.async gather."""
     check_page_size(page_size)
@@ -244,21 +230,18 @@ class TmaPagedKV(PagedKVLoader):
         return cute.make_composed_layout(sK_layout.inner, 0, outer)
 
     def set_wide_groups(self, groups) -> bool:
-        """Load each column group of a tile (``groups``: tuples of ascending 64-column blocks, the ``cols``
+        """Load each column group of a tile (``groups``: tuples of consecutive 64-column blocks, the ``cols``
         a kernel passes to ``load_tile``; ``((0, ..., 8),)`` for whole tiles) with one 4-D TMA copy (64
-        columns x box rows x the run's blocks) per run of consecutive blocks (``consecutive_runs``: one copy
-        for a group of consecutive blocks) instead of one copy per block; ``wide_groups`` then holds the
-        runs. Only where a box is the tile's 64 rows (pages 64 and 128 without a cluster): the stage holds block c at ``c x 64 x 64``, which
+        columns x box rows x the group's blocks) instead of one copy per block. Only where a box is the
+        tile's 64 rows (pages 64 and 128 without a cluster): the stage holds block c at ``c x 64 x 64``, which
         is where a 4-D box writes it only then. Returns whether it is on. Why: copies issue 120-150 cycles
         apart (docs/perf-notes.md, twenty-ninth session), so a group of five went out over 500-600 cycles."""
         if self.box_rows != TILE_TOKENS or self.cluster != 1:
             return False
-        runs = []
         for g in groups:
-            for run in consecutive_runs(g):
-                if run not in runs:
-                    runs.append(run)
-        self.wide_groups = tuple(runs)
+            if tuple(g) != tuple(range(g[0], g[0] + len(g))):
+                raise ValueError(f"a wide column group must be consecutive blocks, got {g}")
+        self.wide_groups = tuple(tuple(g) for g in groups)
         return True
 
     def group_smem_layout(self, sK_layout, n_blocks: int):
@@ -473,12 +456,11 @@ class TmaPagedKV(PagedKVLoader):
 
     @cute.jit
     def _copy_wide(self, tma_k, mK, sK, in_page, kv_head, page, stage, bar, cols):
-        """The TMA copies of column group ``cols`` (None: the whole tile, the only group) of a box: one per run of
-        consecutive blocks (``wide_groups``)."""
-        runs = self.wide_groups if const_expr(cols is None) else consecutive_runs(cols)
-        for run in runs:
-            atom, tKsK, tKgK = self._wide_views(tma_k, mK, sK, in_page, kv_head, page, stage, run)
-            cute.copy(atom, tKgK, tKsK, tma_bar_ptr=bar, **self._policy())
+        """The one TMA copy of column group ``cols`` (None: the whole tile, the only group) of a box."""
+        if const_expr(cols is None):
+            cols = self.wide_groups[0]
+        atom, tKsK, tKgK = self._wide_views(tma_k, mK, sK, in_page, kv_head, page, stage, cols)
+        cute.copy(atom, tKgK, tKsK, tma_bar_ptr=bar, **self._policy())
 
     def _policy(self) -> dict:
         """A K copy's cache-policy keyword (``l2_hint``; none without a hint), built while tracing."""

@@ -87,9 +87,6 @@ from pipelines.skeleton import BLOCK_M, BLOCK_N, HEAD_DIM, HEAD_DIM_V, MLADecode
 HALF = HEAD_DIM_V // 2
 G0_COLS = (0, 1, 2, 3)  # 64-column blocks of group 0: V_L
 G1_COLS = (4, 5, 6, 7, 8)  # group 1: V_R and the RoPE block (where P0 goes)
-# With ``p0_in_t1``: the RoPE block in group 0 (P0 then goes into t1's stage), V_R alone in group 1.
-G0_COLS_ROPE = (0, 1, 2, 3, 8)
-G1_COLS_V = (4, 5, 6, 7)
 
 
 class Bar(enum.IntEnum):
@@ -102,7 +99,6 @@ class Bar(enum.IntEnum):
     P0 = 7
     P1 = 8
     MERGE = 9  # the scoring warpgroups, around the merge by a request's last chunk (skeleton ``merge_by_last_chunk``)
-    S1 = 10  # WG1 -> WG0: QK(t1) retired, so t1's RoPE block may take P0 (``p0_in_t1``)
 
 
 class MLADecodeSeesaw(MLADecodeBase):
@@ -211,23 +207,9 @@ class MLADecodeSeesaw(MLADecodeBase):
     # at b32 s2 h128 4096, 0.998-1.007 on long chunks (b128 s2 h128 4096, b128 s1 h128 16384). Thresholds 4 and 8
     # measured too: no better overall (4: 1.006-1.014 at b32 s1 h64 1024).
     steady_min_steps = 2
-    # P0 in the RoPE block of t1's stage instead of t0's, and the RoPE block loaded with group 0 (``G0_COLS_ROPE``,
-    # ``G1_COLS_V``), where the producer warpgroup loads. Why: the pair's critical chain runs through the refill
-    # of t0's group 1, released only once WG1's P.V of t0 (which reads V_R and, in t0's RoPE block, P0) retired,
-    # and QK(t0') waits for it (docs/perf-notes.md, forty-eighth session). With P0 in t1's stage, t0's RoPE block
-    # is free once QK(t0) retired and goes with group 0 (refilled after WG0's P.V of t0, mid-pair), so the late
-    # refill carries V_R alone (32 KB instead of 40) and QK(t0')'s RoPE block runs before its wait. t1's RoPE block
-    # is free for P0 once WG1's QK(t1) retired: WG1 arrives on ``Bar.S1`` then, WG0 syncs on it before P0's
-    # store; WG1 releases t1's group 0 after its P.V of t0 (which reads P0 there), instead of after QK(t1); WG0's
-    # release after its P.V of t1 comes later anyway. A pair without t1 keeps P0 in t0's stage (WG1 releases that
-    # group 0 after the P.V). A class constant (an A/B sets it).
-    p0_in_t1 = False
 
     def __init__(self, dtype, num_heads: int, seqlen_q: int, page_size: int, causal: bool, num_heads_k: int = 1,
                  multicast: bool = True, split_cluster: int = 1):
-        # (before the skeleton's init, which asks ``kv_col_groups``)
-        self.p0_t1 = self.p0_in_t1 and self.producer_warpgroup and paged_kv.uses_tma(page_size)
-        self.g0_cols, self.g1_cols = (G0_COLS_ROPE, G1_COLS_V) if self.p0_t1 else (G0_COLS, G1_COLS)
         super().__init__(dtype, num_heads, seqlen_q, page_size, causal, num_heads_k,
                          multicast and self.multicast_cluster, split_cluster)
         # Only the TMA paths: the cp.async gather needs the producer threads' registers for its addresses.
@@ -243,7 +225,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.early = self.early_releases and self.with_producer
 
     def kv_col_groups(self) -> tuple:
-        return (self.g0_cols, self.g1_cols)
+        return (G0_COLS, G1_COLS)
 
     def make_pipelines(self, storage):
         """Q as in the skeleton (both warpgroups consume it); K: one pipeline per column group over the
@@ -251,9 +233,9 @@ class MLADecodeSeesaw(MLADecodeBase):
         pipe_q = self.make_q_pipeline(storage)
         bytes_per_block = BLOCK_N * COL_BLOCK * self.dtype.width // 8
         ptr = storage.mbar_k.data_ptr()
-        pipe_g0 = self.loader.make_pipeline(ptr, self.k_consumer_warps, tx_bytes=len(self.g0_cols) * bytes_per_block)
+        pipe_g0 = self.loader.make_pipeline(ptr, self.k_consumer_warps, tx_bytes=len(G0_COLS) * bytes_per_block)
         pipe_g1 = self.loader.make_pipeline(ptr + 2 * self.kv_stages, self.k_consumer_warps,
-                                            tx_bytes=len(self.g1_cols) * bytes_per_block)
+                                            tx_bytes=len(G1_COLS) * bytes_per_block)
         return pipe_q, (pipe_g0, pipe_g1)
 
     @cute.jit
@@ -359,7 +341,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         mma_qk, mma_rs, mma_ss = self.tiled_mmas()
         pipe_g0, pipe_g1 = pipe_k
         pipe_own = pipe_g0 if const_expr(me == 0) else pipe_g1  # the group this warpgroup loads
-        cols_own = self.g0_cols if const_expr(me == 0) else self.g1_cols
+        cols_own = G0_COLS if const_expr(me == 0) else G1_COLS
         g0 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         g1 = pipeline.make_pipeline_state(pipeline.PipelineUserType.Consumer, self.kv_stages)
         prod = pipeline.make_pipeline_state(pipeline.PipelineUserType.Producer, self.kv_stages)
@@ -403,8 +385,8 @@ class MLADecodeSeesaw(MLADecodeBase):
             # The chunk's first QK of each warpgroup (later ones go out at the end of an iteration).
             if const_expr(me == 0):
                 if start < stop:  # (an empty chunk has no tile to score)
-                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, g0.index, self.g0_cols, self.g1_cols, pipe_g0, g0,
-                                             pipe_g1, g1)
+                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, g0.index, G0_COLS, G1_COLS, pipe_g0, g0, pipe_g1,
+                                             g1)
                     warpgroup.wait_group(0)
                     self.loader.consumer_release(pipe_g1, g1)  # G1 of t0: QK was WG0's only read of it
             else:
@@ -413,14 +395,10 @@ class MLADecodeSeesaw(MLADecodeBase):
                     t1_g1 = g1.clone()
                     t1_g0.advance()
                     t1_g1.advance()
-                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, t1_g1.index, self.g1_cols, self.g0_cols, pipe_g1,
-                                             t1_g1, pipe_g0, t1_g0)
+                    self.issue_qk_two_groups(acc_s, tSrQ, tSrK, t1_g1.index, G1_COLS, G0_COLS, pipe_g1, t1_g1,
+                                             pipe_g0, t1_g0)
                     warpgroup.wait_group(0)
-                    if const_expr(self.p0_t1):
-                        # t1's RoPE block may take P0 (its group 0 is released after the P.V of t0).
-                        cute.arch.barrier_arrive(barrier_id=int(Bar.S1), number_of_threads=256)
-                    else:
-                        self.loader.consumer_release(pipe_g0, t1_g0)  # G0 of t1: QK was WG1's only read of it
+                    self.loader.consumer_release(pipe_g0, t1_g0)  # G0 of t1: QK was WG1's only read of it
             self.mark(32 + me, wg_tidx, True)
 
             # With ``steady_loop`` the chunk's pairs run in two loops: first the steady ones (``steady_stop``: a
@@ -522,7 +500,7 @@ class MLADecodeSeesaw(MLADecodeBase):
             t1 = t0 + C
             page0 = self.loader.page_id(mBlockTable, r, t0, seqlen, wg_tidx)
             self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t0, seqlen, kv_head, wg_tidx,
-                               page0, self.g0_cols)
+                               page0, G0_COLS)
             p0.advance()
             if t1 < stop:
                 # (the probe's events 44-47: this pair's loads, stamped where the previous pair's iteration is
@@ -533,20 +511,20 @@ class MLADecodeSeesaw(MLADecodeBase):
                 q1 = p1.clone()
                 q1.advance()
                 self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, q1, r, t1, seqlen, kv_head, wg_tidx,
-                                   page1, self.g1_cols)
+                                   page1, G1_COLS)
                 self.mark(45, wg_tidx, loads_of_full)
                 self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
-                                   page0, self.g1_cols)
+                                   page0, G1_COLS)
                 self.mark(46, wg_tidx, loads_of_full)
                 self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g0, p0, r, t1, seqlen, kv_head, wg_tidx,
-                                   page1, self.g0_cols)
+                                   page1, G0_COLS)
                 self.mark(47, wg_tidx, loads_of_full)
                 p0.advance()
                 p1.advance()
                 p1.advance()
             else:
                 self.produce_group(tma_k, mK, sK, mBlockTable, pipe_g1, p1, r, t0, seqlen, kv_head, wg_tidx,
-                                   page0, self.g1_cols)
+                                   page0, G1_COLS)
                 p1.advance()
             if const_expr(self.l2_ahead):
                 for ahead in cutlass.range_constexpr(2):
@@ -795,7 +773,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.loader.consumer_wait(pipe_g0, n0, self.k_wait_spin)
                 self.mark(48, wg_tidx, full)
                 warpgroup.fence()
-                self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, self.g0_cols, True)
+                self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G0_COLS, True)
                 warpgroup.commit_group()
                 warpgroup.wait_group(1)
                 self.mark(10, wg_tidx, full)
@@ -803,11 +781,11 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.loader.consumer_wait(pipe_g1, n1, self.k_wait_spin)
                 self.mark(42, wg_tidx, full)
                 warpgroup.fence()
-                self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, self.g1_cols, False)
+                self.qk_blocks(mma_qk, acc_s, tSrQ, tSrK, n0.index, G1_COLS, False)
                 warpgroup.commit_group()
                 self.mark(9, wg_tidx, full)
             else:
-                self.issue_qk_two_groups(acc_s, tSrQ, tSrK, n0.index, self.g0_cols, self.g1_cols, pipe_g0, n0,
+                self.issue_qk_two_groups(acc_s, tSrQ, tSrK, n0.index, G0_COLS, G1_COLS, pipe_g0, n0,
                                          pipe_g1, n1)
                 self.mark(9, wg_tidx, full)
                 warpgroup.wait_group(1)
@@ -817,7 +795,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                     if is_producer:
                         if t1 + 2 * C < stop:
                             self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t1 + 2 * C, seqlen,
-                                            kv_head, wg_tidx, page=page_b, cols=self.g0_cols)
+                                            kv_head, wg_tidx, page=page_b, cols=G0_COLS)
                             prod.advance()
             warpgroup.wait_group(0)
             self.mark(11, wg_tidx, full)
@@ -856,15 +834,9 @@ class MLADecodeSeesaw(MLADecodeBase):
         self.pv(True, acc_o, layouts.acc_as_a_operand(rP), tOrV_rs, stage_a, True)
         warpgroup.commit_group()
         self.mark(3, wg_tidx, full)
-        # P0 into t0's RoPE block (``p0_in_t1``: t1's, once WG1's QK(t1) retired) for WG1 while the P.V runs (it
-        # only reads rP), relative to m0: with lazy rescaling m1 is nearly always m0, and where it is not the tile
-        # is written again below.
-        stage_p0 = stage_a
-        if const_expr(self.p0_t1):
-            if has_t1:
-                stage_p0 = b0.index
-                cute.arch.barrier(barrier_id=int(Bar.S1), number_of_threads=256)
-        self.store_p(rP, tPsP_own[None, None, None, stage_p0], wg_tidx)
+        # P0 into t0's RoPE block for WG1 while the P.V runs (it only reads rP), relative to m0: with lazy
+        # rescaling m1 is nearly always m0, and where it is not the tile is written again below.
+        self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
         if const_expr(self.early_p_fence):
             cute.arch.fence_view_async_shared()
         warpgroup.wait_group(0)
@@ -875,7 +847,7 @@ class MLADecodeSeesaw(MLADecodeBase):
             if is_producer:
                 if t0 + 2 * C < stop:
                     self.load_group(tma_k, mK, sK, mBlockTable, pipe_g0, prod, r, t0 + 2 * C, seqlen, kv_head,
-                                    wg_tidx, page=page_a, cols=self.g0_cols)
+                                    wg_tidx, page=page_a, cols=G0_COLS)
                     prod.advance()
         self.mark(5, wg_tidx, full)
         # m1 = max(m0, rowmax S1) from WG1 (m0 itself where there is no t1).
@@ -890,7 +862,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 acc_s.store(rP.load().to(Float32))
             softmax.rescale_rows(layouts.acc_mn_view(acc_s), row_scale)
             rP.store(acc_s.load().to(self.dtype))
-            self.store_p(rP, tPsP_own[None, None, None, stage_p0], wg_tidx)
+            self.store_p(rP, tPsP_own[None, None, None, stage_a], wg_tidx)
             if const_expr(self.early_p_fence):
                 cute.arch.fence_view_async_shared()
         if const_expr(not self.early_p_fence):
@@ -930,11 +902,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 softmax.tile_row_max(layouts.acc_mn_view(acc_s), tile_max, self.softmax_tree)
         self.read_max(s_m, 0, other_max, tScS, int(Bar.M0))
         self.mark(13, wg_tidx, full)
-        if const_expr(self.p0_t1):
-            if has_t1:  # (else P0 is in t0's stage: released after the P.V of t0)
-                self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
-        else:
-            self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
+        self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: never read by WG1 (after M0: see docstring)
         softmax.raise_max(row_max, row_sum, row_scale, other_max, scale_log2)  # to m0
         valid0 = seqlen - t0 * BLOCK_N
         if has_t1:
@@ -969,8 +937,7 @@ class MLADecodeSeesaw(MLADecodeBase):
             self.mark(14, wg_tidx, full)
             self.loader.consumer_wait(pipe_g1, a1)
             self.zero_tail_v_rows(sK, stage_a, valid0, HALF, HALF, wg_tidx, int(Bar.WG1), steady)
-            stage_p0 = stage_b if const_expr(self.p0_t1) else stage_a  # (P0's stage: see wg0_iteration)
-            self.pv(False, acc_o, tOrP_other[None, None, None, stage_p0], tOrV_ss, stage_a, True)
+            self.pv(False, acc_o, tOrP_other[None, None, None, stage_a], tOrV_ss, stage_a, True)
             warpgroup.commit_group()
             if const_expr(self.early_p_fence):
                 cute.arch.fence_view_async_shared()  # P1's stores, before its arrive
@@ -983,18 +950,16 @@ class MLADecodeSeesaw(MLADecodeBase):
             warpgroup.wait_group(0)
             self.mark(18, wg_tidx, full)
             self.loader.consumer_release(pipe_g1, a1)  # G1 of t0: P.V and P0 read
-            if const_expr(self.p0_t1):
-                self.loader.consumer_release(pipe_g0, b0)  # G0 of t1: its RoPE block's P0 read
             self.mark(26, wg_tidx, full)
             if const_expr(not self.with_producer):
                 if is_producer:  # in tile order (the loads' pipeline state): t0's refill, then t1's
                     if t0 + 2 * C < stop:
                         self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t0 + 2 * C, seqlen, kv_head,
-                                        wg_tidx, page=page_a, cols=self.g1_cols)
+                                        wg_tidx, page=page_a, cols=G1_COLS)
                         prod.advance()
                     if t1 + 2 * C < stop:
                         self.load_group(tma_k, mK, sK, mBlockTable, pipe_g1, prod, r, t1 + 2 * C, seqlen,
-                                        kv_head, wg_tidx, page=page_b, cols=self.g1_cols)
+                                        kv_head, wg_tidx, page=page_b, cols=G1_COLS)
                         prod.advance()
             has_next = self.unless_steady(steady, t1 + 2 * C < stop)
             if has_next:
@@ -1006,7 +971,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 # QK(t1'): the group loaded first. The producer loads in release order (``produce_pairs``): G1,
                 # freed by this warpgroup's P.V of t1, before G0, freed by WG0's P.V of t1. Without it both go
                 # out at about the same time (WG1 refills its G1s after both its P.Vs).
-                first, second = (self.g1_cols, pipe_g1, m1s), (self.g0_cols, pipe_g0, m0s)
+                first, second = (G1_COLS, pipe_g1, m1s), (G0_COLS, pipe_g0, m0s)
                 if const_expr(not self.with_producer):
                     first, second = second, first
                 self.issue_qk_two_groups(acc_s, tSrQ, tSrK, m1s.index, first[0], second[0], first[1], first[2],
@@ -1014,11 +979,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                 self.mark(23, wg_tidx, full)
                 warpgroup.wait_group(0)
                 self.mark(24, wg_tidx, full)
-                if const_expr(self.p0_t1):
-                    # The next pair's t1 RoPE block may take its P0 (group 0 released after that pair's P.V of t0).
-                    cute.arch.barrier_arrive(barrier_id=int(Bar.S1), number_of_threads=256)
-                else:
-                    self.loader.consumer_release(pipe_g0, m0s)  # G0 of t1': QK was WG1's only read of it
+                self.loader.consumer_release(pipe_g0, m0s)  # G0 of t1': QK was WG1's only read of it
         else:
             self.publish_max(s_m, 1, row_max, tScS, wg_tidx, int(Bar.M1))  # m1 = m0: no t1
             softmax.rescale_rows_if_needed(acc_o_mn, row_scale)
@@ -1029,6 +990,4 @@ class MLADecodeSeesaw(MLADecodeBase):
             warpgroup.commit_group()
             warpgroup.wait_group(0)
             self.loader.consumer_release(pipe_g1, a1)
-            if const_expr(self.p0_t1):
-                self.loader.consumer_release(pipe_g0, a0)  # G0 of t0: P0 (in its RoPE block) read
         return prod

@@ -119,7 +119,6 @@ MODES = {
     "2wg-steady-min4": ("2wg", dict(steady_loop=True, steady_min_steps=4), True),
     "2wg-steady-min8": ("2wg", dict(steady_loop=True, steady_min_steps=8), True),
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
-    "seesaw-p0-t1": ("seesaw", dict(p0_in_t1=True), False),  # P0 in t1's RoPE block, RoPE loaded with group 0
 }
 
 
