@@ -83,7 +83,8 @@ MODES = {
     "seesaw": ("seesaw", None, False),  # the library's (max-first order; TMA pages: producer warpgroup, L2 ahead at 128+ rows)
     # the scoring warpgroups issue the loads, as on the gather pages (QK(t1') takes G0 first: other sums)
     "seesaw-consumer-loads": ("seesaw", dict(producer_warpgroup=False), False),
-    "seesaw-evict-first": ("seesaw", dict(kv_l2_hint="evict_first"), False),
+    "seesaw-evict-first": ("seesaw", dict(kv_l2_hint="evict_first"), True),  # a cache policy only: bit-identical
+    "seesaw-evict-last": ("seesaw", dict(kv_l2_hint="evict_last"), True),
     "seesaw-no-l2": ("seesaw", dict(producer_l2_ahead=False), True),  # the library's without the L2 prefetch
     "seesaw-no-early": ("seesaw", dict(early_releases=False), True),  # WG0's QK(t0') not split (G0(t1) after it)
     "seesaw-mc": ("seesaw", dict(multicast_cluster=True), True),  # in a multicast cluster (the config's, 2wg's)
