@@ -3,7 +3,8 @@
 # mostly get an H100):
 #
 #   run(command="source .device/env.sh && COMMIT=<sha> bash scripts/device_round.sh MODE",
-#       carry=[".device"], kind="nvidia-h200")      (MODE: auto, bars, checks, grids, paired, standing)
+#       carry=[".device"], kind="nvidia-h200")      (MODE: auto, bars, checks, grids, paired, standing;
+#                                                    paired and standing also carry ".flashmla")
 #
 # bars (default on an H200: the issues' bars are H200 numbers): the quick perf grid with its eager
 # column (written as perf JSON to $OUT), scripts/host_timing.py eager (issue 11's host path), and 2wg
