@@ -1,7 +1,7 @@
 """Our decode beside an installed FlashMLA, paired on one card (diagnostic)
 
     python scripts/flashmla_pair.py [--config 64,128,1,128,4096 ...] [--grid] [--replays 100] [--variant 2wg]
-                                    [--also seesaw ...] [--mc-off] [--json F] [--commit SHA]
+                                    [--also seesaw ...] [--mc-off] [--rest S] [--json F] [--commit SHA]
 
 The perf table's FlashMLA column comes from another run on another machine of the same kind, and the
 compute-bound rows move by up to 10% with the card's recent load (docs/perf-notes.md, nineteenth
@@ -20,6 +20,11 @@ FlashMLA; the library's ``--variant`` (2wg by default) as ``bench.make_decode_fn
 cluster choice; each ``--also`` variant; with ``--mc-off``, ``--variant`` with ``MLA_MULTICAST=0`` where the
 shape has a cluster. Prints the medians and FlashMLA's time over each (above 1: ours is faster), then the
 geomean over ``--variant``'s rows and the count below 0.92 (issue 8's floor, here against a paired FlashMLA).
+``--rest S``: after that timing, the GPU idles S seconds and the same graphs are timed again (interleaved, as
+before): both kernels from a rested clock, a condition the perf runner's back-to-back configs never see (a few
+seconds of load bring an H200's SM clock from about 1.9 to about 1.6 GHz and a second idle brings it back,
+docs/perf-notes.md, nineteenth session); the anchors' history is not known, so this shows how far the condition
+alone moves FlashMLA's rows against its anchor column and ours against the bars.
 """
 from __future__ import annotations
 
@@ -77,6 +82,8 @@ def main(argv=None) -> int:
     ap.add_argument("--sustain", type=float, default=0.0, metavar="SECONDS",
                     help="then replay each graph alone for this long while nvidia-smi samples the SM clock and the "
                     "power (every 50 ms): its time, clock and cycles per call under its own sustained load")
+    ap.add_argument("--rest", type=float, default=0.0, metavar="SECONDS",
+                    help="then idle this long and time the same graphs again (rested clock; rows get rested_* keys)")
     ap.add_argument("--json", default=None, help="write the rows here (perf_table/paired/ holds such files; "
                     "python -m perf_table regenerate shows them)")
     ap.add_argument("--commit", default=None, help="the commit measured, for --json (default: git's, if any)")
@@ -138,6 +145,13 @@ def main(argv=None) -> int:
             extra = "".join(f"  {k} {med[k]:8.1f} x{med['flash'] / med[k]:.3f}" for k in med if k not in ("flash", "ours"))
             print(f"{cfg.label():<30} flash {med['flash']:8.1f}  ours {med['ours']:8.1f}  x{med['flash'] / med['ours']:.3f}"
                   f"{extra}  maxdiff {row['maxdiff_ours']:.1e}", flush=True)
+            if args.rest > 0:
+                torch.cuda.synchronize()
+                time.sleep(args.rest)
+                rested = {k: statistics.median(v) for k, v in bench.time_graphs_interleaved(graphs, args.replays).items()}
+                row.update({f"rested_{k}_us": v for k, v in rested.items()})
+                print(f"  rested {args.rest:g} s: " + "  ".join(f"{k} {v:8.1f}" for k, v in rested.items())
+                      + f"  x{rested['flash'] / rested['ours']:.3f}", flush=True)
             if args.sustain > 0:
                 for name, graph in graphs.items():
                     row[f"sustained_{name}"] = sustained(graph, args.sustain)
