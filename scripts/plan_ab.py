@@ -2,13 +2,16 @@
 balanced plan, same kernel, same inputs, CUDA-graph replays timed in interleaved rounds.
 
     python scripts/plan_ab.py [--variant 2wg] [--replays 300] [--json PATH] [--config p64,b32,s1,h128,4096 ...]
+                              [--fixed-cost N]
 
 Without ``--config`` it takes every page-64 config of the perf grid (``perf_table.grid``) whose
 aligned plan differs from the balanced one, plus three controls whose plans are the same (their
 ratio shows the measurement's spread). For each config it checks that the device planner's plan
 equals the host's aligned plan, that both plans give the same output (max abs difference, against a
 bound of bf16 rounding), then times both graphs (``perf_table.bench.time_graphs_interleaved``) and
-prints the medians and their ratio. ``--json`` writes the rows.
+prints the medians and their ratio. ``--json`` writes the rows. ``--fixed-cost N``: the second plan is the
+aligned plan charged ``N`` tiles per chunk instead of ``planner.FIXED_COST`` (the column keeps the name
+"balanced"): whether a cheaper chunk head in the balancer would pay on a kernel.
 """
 from __future__ import annotations
 
@@ -48,6 +51,8 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=300)
     ap.add_argument("--json")
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen (e.g. 64,32,1,128,4096)")
+    ap.add_argument("--fixed-cost", type=int, default=None,
+                    help="second plan: the aligned plan with this per-chunk cost (default: the balanced plan)")
     args = ap.parse_args(argv)
 
     import torch
@@ -69,7 +74,9 @@ def main(argv=None) -> int:
         lengths = cfg.seqlens()
         rows_q = cfg.s_q * cfg.h_q
         parts = planner.num_sm_parts(num_sms, rows_q, 1)
-        plans = {"aligned": planner.plan(lengths, parts), "balanced": planner.plan(lengths, parts, aligned=False)}
+        second = (planner.plan(lengths, parts, aligned=False) if args.fixed_cost is None
+                  else planner.plan(lengths, parts, fixed_cost=args.fixed_cost))
+        plans = {"aligned": planner.plan(lengths, parts), "balanced": second}
         device_meta, device_splits = mla.get_mla_metadata(inp.cache_seqlens, rows_q, 1, planner="device")
         same_as_device = (device_meta.cpu().equal(plans["aligned"][0])
                           and device_splits.cpu().equal(plans["aligned"][1]))
