@@ -5,8 +5,8 @@ balanced plan, same kernel, same inputs, CUDA-graph replays timed in interleaved
                               [--fixed-cost N]
 
 Without ``--config`` it takes every page-64 config of the perf grid (``perf_table.grid``) whose
-aligned plan differs from the balanced one, plus three controls whose plans are the same (their
-ratio shows the measurement's spread). For each config it checks that the device planner's plan
+aligned plan differs from the second one (the balanced plan, or the ``--fixed-cost`` one), plus three
+controls whose plans are the same (their ratio shows the measurement's spread). For each config it checks that the device planner's plan
 equals the host's aligned plan, that both plans give the same output (max abs difference, against a
 bound of bf16 rounding), then times both graphs (``perf_table.bench.time_graphs_interleaved``) and
 prints the medians and their ratio. ``--json`` writes the rows. ``--fixed-cost N``: the second plan is the
@@ -28,8 +28,18 @@ CONTROLS = ((64, 128, 1, 16, 4096), (64, 1, 1, 128, 16384), (64, 8, 1, 64, 4096)
 MAX_DIFF = 2e-2  # outputs are ~0.1 in bf16; two summation orders differ by a few ulps
 
 
-def changed_configs(num_sms: int) -> list:
-    """Page-64 grid configs (multicast rows once) whose aligned and balanced plans differ."""
+def second_plan(lengths, parts: int, fixed_cost: int | None):
+    """The plan timed against the aligned one: the balanced plan, or with ``fixed_cost`` the aligned plan
+    charged that many tiles per chunk."""
+    from split_k import planner
+
+    if fixed_cost is None:
+        return planner.plan(lengths, parts, aligned=False)
+    return planner.plan(lengths, parts, fixed_cost=fixed_cost)
+
+
+def changed_configs(num_sms: int, fixed_cost: int | None = None) -> list:
+    """Page-64 grid configs (multicast rows once) whose aligned and second plans (``second_plan``) differ."""
     from perf_table import grid
     from split_k import planner
 
@@ -39,7 +49,7 @@ def changed_configs(num_sms: int) -> list:
             continue
         lengths = cfg.seqlens()
         parts = planner.num_sm_parts(num_sms, cfg.s_q * cfg.h_q, 1)
-        a, b = planner.plan(lengths, parts), planner.plan(lengths, parts, aligned=False)
+        a, b = planner.plan(lengths, parts), second_plan(lengths, parts, fixed_cost)
         if not (a[0].equal(b[0]) and a[1].equal(b[1])):
             out.append(cfg)
     return out
@@ -65,7 +75,7 @@ def main(argv=None) -> int:
     if args.config:
         configs = [grid.Config(*(int(x) for x in text.split(","))) for text in args.config]
     else:
-        configs = changed_configs(num_sms) + [grid.Config(*c) for c in CONTROLS]
+        configs = changed_configs(num_sms, args.fixed_cost) + [grid.Config(*c) for c in CONTROLS]
     rows, failed = [], 0
     print(f"{torch.cuda.get_device_name(0)}, {args.variant}, {args.replays} replays; us = median of graph replays")
     print(f"{'config':<28} {'chunks a/b':>11} {'aligned':>9} {'balanced':>9} {'a/b':>6} {'max|diff|':>10}")
@@ -74,9 +84,7 @@ def main(argv=None) -> int:
         lengths = cfg.seqlens()
         rows_q = cfg.s_q * cfg.h_q
         parts = planner.num_sm_parts(num_sms, rows_q, 1)
-        second = (planner.plan(lengths, parts, aligned=False) if args.fixed_cost is None
-                  else planner.plan(lengths, parts, fixed_cost=args.fixed_cost))
-        plans = {"aligned": planner.plan(lengths, parts), "balanced": second}
+        plans = {"aligned": planner.plan(lengths, parts), "balanced": second_plan(lengths, parts, args.fixed_cost)}
         device_meta, device_splits = mla.get_mla_metadata(inp.cache_seqlens, rows_q, 1, planner="device")
         same_as_device = (device_meta.cpu().equal(plans["aligned"][0])
                           and device_splits.cpu().equal(plans["aligned"][1]))
