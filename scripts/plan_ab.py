@@ -6,10 +6,10 @@ balanced plan, same kernel, same inputs, CUDA-graph replays timed in interleaved
 
 Without ``--config`` it takes every page-64 config of the perf grid (``perf_table.grid``) whose
 aligned plan differs from the second one (the balanced plan, or the ``--fixed-cost`` one), plus three
-controls whose plans are the same (their ratio shows the measurement's spread). For each config it checks that the device planner's plan
-equals the host's aligned plan, that both plans give the same output (max abs difference, against a
-bound of bf16 rounding), then times both graphs (``perf_table.bench.time_graphs_interleaved``) and
-prints the medians and their ratio. ``--json`` writes the rows. ``--fixed-cost N``: the second plan is the
+controls whose plans are the same (their ratio shows the measurement's spread). For each config it
+checks that the device planner's plan equals the host's aligned plan, that both plans give the same
+output (max abs difference, against a bound of bf16 rounding), then times both graphs
+(``perf_table.bench.time_graphs_interleaved``) and prints the medians and their ratio. ``--json`` writes the rows. ``--fixed-cost N``: the second plan is the
 aligned plan charged ``N`` tiles per chunk instead of ``planner.FIXED_COST`` (the column keeps the name
 "balanced"): whether a cheaper chunk head in the balancer would pay on a kernel.
 """
