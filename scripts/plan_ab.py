@@ -9,9 +9,10 @@ aligned plan differs from the second one (the balanced plan, or the ``--fixed-co
 controls whose plans are the same (their ratio shows the measurement's spread). For each config it
 checks that the device planner's plan equals the host's aligned plan, that both plans give the same
 output (max abs difference, against a bound of bf16 rounding), then times both graphs
-(``perf_table.bench.time_graphs_interleaved``) and prints the medians and their ratio. ``--json`` writes the rows. ``--fixed-cost N``: the second plan is the
-aligned plan charged ``N`` tiles per chunk instead of ``planner.FIXED_COST`` (the column keeps the name
-"balanced"): whether a cheaper chunk head in the balancer would pay on a kernel.
+(``perf_table.bench.time_graphs_interleaved``) and prints the medians and their ratio. ``--json``
+writes the rows. ``--fixed-cost N``: the second plan is the aligned plan charged ``N`` tiles per chunk
+instead of ``planner.FIXED_COST`` (the column keeps the name "balanced"): whether a cheaper chunk head
+in the balancer would pay on a kernel.
 """
 from __future__ import annotations
 
