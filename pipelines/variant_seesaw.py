@@ -561,6 +561,7 @@ class MLADecodeSeesaw(MLADecodeBase):
             cute.arch.barrier(barrier_id=int(Bar.INV), number_of_threads=256)
             for i in cutlass.range_constexpr(n_rows_thr):
                 row_inv[i] = s_inv[tScS[i, 0][0]]
+            self.mark(51, wg_tidx, True)
         else:
             cute.arch.barrier(barrier_id=int(Bar.SUM), number_of_threads=256)
             if wg_tidx % 4 == 0:  # one thread of the quad adds WG1's (quad-reduced) sum
@@ -571,10 +572,12 @@ class MLADecodeSeesaw(MLADecodeBase):
                 for i in cutlass.range_constexpr(n_rows_thr):
                     s_inv[tScS[i, 0][0]] = row_inv[i]
             cute.arch.barrier_arrive(barrier_id=int(Bar.INV), number_of_threads=256)
+            self.mark(50, wg_tidx, True)
         # A fresh MMA object for the epilogue's fragment layout: the loop's ones carry state set inside it.
         _, mma_store, _ = self.tiled_mmas()
         self.store_chunk(acc_o, mma_store, wg_tidx, wg_tidx + 128 * me, row_inv, row_lse, me == 0, HALF * me,
                          m_block, kv_head, r, is_split, split_idx, mO, mLSE, mOaccum, mLSEaccum, storage)
+        self.mark(52 + me, wg_tidx, True)
 
     @cute.jit
     def publish_max(self, s_m, slot: cutlass.Constexpr[int], row_max, tScS, wg_tidx, bar: cutlass.Constexpr[int]):
@@ -623,7 +626,7 @@ class MLADecodeSeesaw(MLADecodeBase):
         chunk start, Q landed, first QK retired, loop done, chunk stored, last iteration, a full iteration
         returned; WG0's even, WG1's odd), 42 / 43 when QK(t0') / QK(t1')'s refilled group landed, or of the
         producer's warp 0 (44-47: after each load of a pair), 48 / 49 when QK(t0') / QK(t1')'s first group
-        landed. Nothing in the library."""
+        landed, or of a chunk's epilogue (50-53: row sums exchanged, O stored). Nothing in the library."""
         pass
 
     def spreads_copies(self) -> bool:

@@ -58,9 +58,11 @@ EVENTS = (
     "prod G0(t0') issued", "prod G1(t1') issued", "prod G1(t0') issued", "prod G0(t1') issued",
     # the first group of the next pair's QKs landed (WG0: G0 of t0', WG1: G1 of t1')
     "wg0 t0's G0 refill landed", "wg1 t1's G1 refill landed",
+    # a chunk's epilogue (``finish_chunk``): the row sums exchanged (SUM / INV), O stored (stores issued)
+    "wg0 sums exchanged", "wg1 sums exchanged", "wg0 O stored", "wg1 O stored",
 )
-CHUNK_EVENTS = range(28, 40)
-WG1_EVENTS_LATE = {41, 43, 49}
+CHUNK_EVENTS = tuple(range(28, 40)) + (50, 51, 52, 53)
+WG1_EVENTS_LATE = {41, 43, 49, 51, 53}
 PRODUCER_EVENTS = range(44, 48)
 WG1_EVENTS = set(range(12, 25)) | {26, 27} | WG1_EVENTS_LATE
 SLOTS = 2 * len(EVENTS)
@@ -69,7 +71,11 @@ SLOTS = 2 * len(EVENTS)
 # cycles between two full iterations of one chunk, their count
 SPAN = 4
 PERIOD = SLOTS + SPAN
-ROW = PERIOD + 6
+# then each warpgroup's count of chunk starts, and the chunk events' sums and counts again over the chunks after
+# a CTA's first (``LATE``: a later chunk's head follows another chunk's epilogue, the first one the kernel's start)
+COUNTERS = PERIOD + 6
+LATE = COUNTERS + 2
+ROW = LATE + 2 * len(CHUNK_EVENTS)
 # --form: class constants set on the probed kernel ("library": none), those of entry_ab's seesaw modes
 FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-consumer-loads", "seesaw-spin",
                                                                    "seesaw-no-l2", "seesaw-max-after",
@@ -141,6 +147,19 @@ def probe_class(base: int, overrides: dict | None = None):
                     slot = PERIOD + (3 if event == 35 else 0)
                     llvm.inline_asm(None, [(self.probe_sums + slot * 8).ir_value()], "st.shared.u64 [$0], 0;", "r",
                                     has_side_effects=True)
+            if const_expr(event in CHUNK_EVENTS):
+                # this warpgroup's chunk count (raised at its chunk start), then the stamp again into ``LATE``
+                # from its second chunk on
+                if wg_tidx == 0:
+                    count = self.probe_sums + (COUNTERS + event % 2) * 8
+                    late = self.probe_sums + (LATE + 2 * CHUNK_EVENTS.index(event)) * 8
+                    bump = "add.u64 k, k, 1;\nst.shared.u64 [$0], k;\n" if event in (28, 29) else ""
+                    llvm.inline_asm(None, [count.ir_value(), late.ir_value()],
+                                    "{\n.reg .u64 c, k, v, n;\n.reg .pred q;\nmov.u64 c, %clock64;\n"
+                                    f"ld.shared.u64 k, [$0];\n{bump}setp.ge.u64 q, k, 2;\n"
+                                    "@q ld.shared.u64 v, [$1];\n@q ld.shared.u64 n, [$1+8];\n@q add.u64 v, v, c;\n"
+                                    "@q add.u64 n, n, 1;\n@q st.shared.u64 [$1], v;\n@q st.shared.u64 [$1+8], n;\n}",
+                                    "r,r", has_side_effects=True)
             if full:
                 if wg_tidx == 0:
                     llvm.inline_asm(None, [(self.probe_sums + event * 16).ir_value()],
@@ -189,11 +208,20 @@ def report(label: str, buf) -> None:
                                    "wg0 first QK retired", "wg1 first QK retired", "wg0 last iteration",
                                    "wg1 last iteration", "wg0 loop done", "wg1 loop done", "wg0 chunk stored",
                                    "wg1 chunk stored")]
+    c += [EVENTS.index(e) for e in ("wg0 sums exchanged", "wg1 sums exchanged", "wg0 O stored", "wg1 O stored")]
+    c.sort()  # (in ``CHUNK_EVENTS`` order, as the ``LATE`` slots)
     chunks = counts[:, c[0]] > 0
     cmean = (sums[chunks][:, c] / counts[chunks][:, c].clamp(min=1)).mean(dim=0)
-    print(f"  chunks: {float(counts[chunks, c[0]].mean()):.2f} per CTA; cycles from each warpgroup's chunk start:")
+    late_sums = rows[:, LATE:ROW:2][:, [CHUNK_EVENTS.index(e) for e in c]]
+    late_counts = rows[:, LATE + 1:ROW:2][:, [CHUNK_EVENTS.index(e) for e in c]]
+    later = late_counts[:, 0] > 0
+    lmean = (late_sums[later] / late_counts[later].clamp(min=1)).mean(dim=0)
+    print(f"  chunks: {float(counts[chunks, c[0]].mean()):.2f} per CTA; cycles from each warpgroup's chunk start, "
+          f"all chunks | chunks after a CTA's first ({int(later.sum())} CTAs):")
+    order = sorted(range(len(c)), key=lambda k: float(cmean[k]))
     for wg in (0, 1):
-        line = ", ".join(f"{EVENTS[c[k]][4:]} {float(cmean[k] - cmean[wg]):.0f}" for k in range(wg + 2, len(c), 2))
+        line = ", ".join(f"{EVENTS[c[k]][4:]} {float(cmean[k] - cmean[wg]):.0f} | "
+                         f"{float(lmean[k] - lmean[wg]):.0f}" for k in order if k % 2 == wg and k > 1)
         print(f"    wg{wg}: {line}")
     for group in (sorted(set(range(len(EVENTS))) - WG1_EVENTS - set(CHUNK_EVENTS) - set(PRODUCER_EVENTS)),
                   sorted(WG1_EVENTS), PRODUCER_EVENTS):
