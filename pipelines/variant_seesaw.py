@@ -78,7 +78,7 @@ import cutlass
 import cutlass.cute as cute
 import cutlass.pipeline as pipeline
 from cutlass import Float32, Int32, const_expr
-from cutlass.cute.nvgpu import cpasync, warpgroup
+from cutlass.cute.nvgpu import warpgroup
 
 from pipelines import layouts, paged_kv, softmax
 from pipelines.paged_kv import COL_BLOCK
@@ -136,15 +136,6 @@ class MLADecodeSeesaw(MLADecodeBase):
     # about 2000 cycles after its release, on a QK's path (``seesaw_timeline.py``). A class constant (an A/B
     # sets it).
     early_releases = True
-
-    # Each scoring warpgroup releases Q at the start of its chunk's last iteration (its last QK retired at the end of
-    # the one before) instead of after the loop, so that the producer loads the next request's Q while that
-    # iteration runs, not while the chunk's epilogue stores O. A class constant (an A/B sets it).
-    early_q_release = False
-    # The producer prefetches the next request's Q into L2 (``next_q_l2_pairs`` > 0) at the pair that many pairs before
-    # the chunk's end, or up to two pairs sooner (by the CTA's index, so that the CTAs' prefetches spread over
-    # three pairs), so that its load at the chunk's end reads L2. A class constant (an A/B sets it).
-    next_q_l2_pairs = 0
 
     # The split-kv merge by each request's last chunk (skeleton ``chunk_merge``, ``split_k.last_chunk``): the
     # scoring warpgroups (their 8 warps, 232 registers after setmaxnreg) merge, on barrier ``Bar.MERGE``. On: paired
@@ -420,8 +411,6 @@ class MLADecodeSeesaw(MLADecodeBase):
                     if const_expr(not steady):
                         if t0 + 2 * C >= stop:
                             self.mark(38 + me, wg_tidx, True)  # the chunk's last iteration
-                            if const_expr(self.early_q_release):
-                                pipe_q.consumer_release(q_state)  # (this warpgroup's last QK retired)
                     a0 = g0.clone()  # group states of t0, t1 and the next pair's t0' / t1'
                     a1 = g1.clone()
                     b0 = a0.clone()
@@ -450,11 +439,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                     if has_t1:
                         g0.advance()
                         g1.advance()
-            if const_expr(self.early_q_release):
-                if start >= stop:  # (an empty chunk has no last iteration)
-                    pipe_q.consumer_release(q_state)
-            else:
-                pipe_q.consumer_release(q_state)
+            pipe_q.consumer_release(q_state)
             q_state.advance()
             self.mark(34 + me, wg_tidx, True)
 
@@ -495,13 +480,13 @@ class MLADecodeSeesaw(MLADecodeBase):
                 q_prod.advance()
             if warp < self.loader.producer_warps:
                 p0, p1 = self.produce_pairs(wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable,
-                                            pipe_g0, pipe_g1, p0, p1, m_block, end_req, tma_q, mQ, sQ)
+                                            pipe_g0, pipe_g1, p0, p1)
             if const_expr(C > 1):
                 self.cluster_idle()  # the chunk's epilogue barriers (it reduces in the K stages)
 
     @cute.jit
     def produce_pairs(self, wg_tidx, r, start, stop, seqlen, kv_head, tma_k, mK, sK, mBlockTable, pipe_g0, pipe_g1,
-                      p0, p1, m_block, end_req, tma_q, mQ, sQ):
+                      p0, p1):
         """The producer's loads of one chunk, pair by pair, in the order the max-first iteration frees the
         groups: G0 of t0 (after WG0's P.V of t0), G1 of t1 (after WG1's P.V of t1), G1 of t0 (after WG1's
         P.V of t0), G0 of t1 (after WG0's P.V of t1). Why: one queue in tile order would hold G1 of t1 behind
@@ -547,22 +532,7 @@ class MLADecodeSeesaw(MLADecodeBase):
                     if blk < stop:
                         page_ahead = self.loader.page_id(mBlockTable, r, blk, seqlen, wg_tidx)
                         self.loader.prefetch_tile(tma_k, mK, sK, blk, kv_head, page_ahead, wg_tidx)
-            if const_expr(self.next_q_l2_pairs > 0):
-                if r < end_req:
-                    if cute.arch.make_warp_uniform(wg_tidx // 32) == 0:
-                        bx, _, _ = cute.arch.block_idx()
-                        ahead = self.next_q_l2_pairs + bx % 3  # pairs from the chunk's end, this one included
-                        if (stop - t0 + 2 * C - 1) // (2 * C) == ahead:
-                            self.prefetch_q(tma_q, mQ, sQ, m_block, kv_head, r + 1)
         return p0, p1
-
-    @cute.jit
-    def prefetch_q(self, tma_q, mQ, sQ, m_block, kv_head, r):
-        """L2 prefetch of request ``r``'s Q tile (``next_q_l2_pairs``): the boxes ``tma_load_q`` loads."""
-        gQ = cute.local_tile(mQ, (self.q_tile_rows, HEAD_DIM), (m_block, 0, kv_head, r))
-        _, tQgQ = cpasync.tma_partition(tma_q, 0, cute.make_layout(1), cute.group_modes(sQ, 0, 2),
-                                        cute.group_modes(gQ, 0, 2))
-        cute.prefetch(tma_q, tQgQ)
 
     @cute.jit
     def produce_group(self, tma_k, mK, sK, mBlockTable, pipe, state, r, blk, seqlen, kv_head, wg_tidx, page, cols):

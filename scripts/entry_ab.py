@@ -120,11 +120,6 @@ MODES = {
     "2wg-steady-min4": ("2wg", dict(steady_loop=True, steady_min_steps=4), True),
     "2wg-steady-min8": ("2wg", dict(steady_loop=True, steady_min_steps=8), True),
     "seesaw-late-fence": ("seesaw", dict(early_p_fence=False), True),  # P tiles' proxy fences on the hand-off path (before)
-    # Q released at the chunk's last iteration (its next load then not beside the epilogue's stores), and / or the
-    # next request's Q prefetched into L2 2-4 pairs before a chunk's end
-    "seesaw-early-q": ("seesaw", dict(early_q_release=True), True),
-    "seesaw-q-l2": ("seesaw", dict(next_q_l2_pairs=2), True),
-    "seesaw-early-q-l2": ("seesaw", dict(early_q_release=True, next_q_l2_pairs=2), True),
 }
 
 
