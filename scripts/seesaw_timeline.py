@@ -71,11 +71,14 @@ SLOTS = 2 * len(EVENTS)
 # cycles between two full iterations of one chunk, their count
 SPAN = 4
 PERIOD = SLOTS + SPAN
-# then each warpgroup's count of chunk starts, and the chunk events' sums and counts again over the chunks after
-# a CTA's first (``LATE``: a later chunk's head follows another chunk's epilogue, the first one the kernel's start)
-COUNTERS = PERIOD + 6
+SMEM_ROW = PERIOD + 6
+# then each warpgroup's count of chunk starts, and the chunk events' sums again over the chunks after a CTA's first
+# (``LATE``: a later chunk's head follows another chunk's epilogue, the first one the kernel's start; each counted
+# once per later chunk). In shared memory these live in ``row_scale`` (unused by the seesaw): the probe's own field,
+# after the kernel's 224 KB, has room for about 1 KB.
+COUNTERS = SMEM_ROW
 LATE = COUNTERS + 2
-ROW = LATE + 2 * len(CHUNK_EVENTS)
+ROW = LATE + len(CHUNK_EVENTS)
 # --form: class constants set on the probed kernel ("library": none), those of entry_ab's seesaw modes
 FORMS = {"library": {}, **{m[len("seesaw-"):]: MODES[m][1] for m in ("seesaw-consumer-loads", "seesaw-spin",
                                                                    "seesaw-no-l2", "seesaw-max-after",
@@ -93,7 +96,7 @@ def probe_class(base: int, overrides: dict | None = None):
     class Probed(MLADecodeSeesaw):
         def extra_shared_fields(self) -> dict:
             fields = dict(super().extra_shared_fields())
-            fields["probe_sums"] = cute.struct.Align[cute.struct.MemRange[cutlass.Int64, ROW], 16]
+            fields["probe_sums"] = cute.struct.Align[cute.struct.MemRange[cutlass.Int64, SMEM_ROW], 16]
             return fields
 
         @cute.jit
@@ -101,9 +104,14 @@ def probe_class(base: int, overrides: dict | None = None):
                             mNumSplits, mO, mLSE, mOaccum, mLSEaccum, sQ, sK, sP, storage, pipe_q, pipe_k,
                             scale_log2, merge_tail=None):
             sums = cutlass.Int32(storage.probe_sums.data_ptr().toint())
+            late = cutlass.Int32(storage.row_scale.data_ptr().toint())
             self.probe_sums = sums  # read by ``mark`` while tracing (defined before every branch)
-            if tidx < ROW:
+            self.probe_late = late
+            if tidx < SMEM_ROW:
                 llvm.inline_asm(None, [(sums + tidx * 8).ir_value()], "st.shared.u64 [$0], 0;", "r",
+                                has_side_effects=True)
+            if tidx < ROW - SMEM_ROW:
+                llvm.inline_asm(None, [(late + tidx * 8).ir_value()], "st.shared.u64 [$0], 0;", "r",
                                 has_side_effects=True)
             cute.arch.sync_threads()
             self.stamp_span(tidx, sums, 0)
@@ -115,7 +123,10 @@ def probe_class(base: int, overrides: dict | None = None):
             cute.arch.sync_threads()
             if tidx < ROW:
                 row = cta_row(base, ROW)
-                llvm.inline_asm(None, [(sums + tidx * 8).ir_value(), (row + cutlass.Int64(tidx) * 8).ir_value()],
+                src = sums + tidx * 8
+                if tidx >= SMEM_ROW:
+                    src = late + (tidx - SMEM_ROW) * 8
+                llvm.inline_asm(None, [src.ir_value(), (row + cutlass.Int64(tidx) * 8).ir_value()],
                                 "{\n.reg .u64 v;\nld.shared.u64 v, [$0];\nst.global.u64 [$1], v;\n}", "r,l",
                                 has_side_effects=True)
 
@@ -151,14 +162,13 @@ def probe_class(base: int, overrides: dict | None = None):
                 # this warpgroup's chunk count (raised at its chunk start), then the stamp again into ``LATE``
                 # from its second chunk on
                 if wg_tidx == 0:
-                    count = self.probe_sums + (COUNTERS + event % 2) * 8
-                    late = self.probe_sums + (LATE + 2 * CHUNK_EVENTS.index(event)) * 8
+                    count = self.probe_late + (event % 2) * 8
+                    late = self.probe_late + (2 + CHUNK_EVENTS.index(event)) * 8
                     bump = "add.u64 k, k, 1;\nst.shared.u64 [$0], k;\n" if event in (28, 29) else ""
                     llvm.inline_asm(None, [count.ir_value(), late.ir_value()],
-                                    "{\n.reg .u64 c, k, v, n;\n.reg .pred q;\nmov.u64 c, %clock64;\n"
+                                    "{\n.reg .u64 c, k, v;\n.reg .pred q;\nmov.u64 c, %clock64;\n"
                                     f"ld.shared.u64 k, [$0];\n{bump}setp.ge.u64 q, k, 2;\n"
-                                    "@q ld.shared.u64 v, [$1];\n@q ld.shared.u64 n, [$1+8];\n@q add.u64 v, v, c;\n"
-                                    "@q add.u64 n, n, 1;\n@q st.shared.u64 [$1], v;\n@q st.shared.u64 [$1+8], n;\n}",
+                                    "@q ld.shared.u64 v, [$1];\n@q add.u64 v, v, c;\n@q st.shared.u64 [$1], v;\n}",
                                     "r,r", has_side_effects=True)
             if full:
                 if wg_tidx == 0:
@@ -212,8 +222,8 @@ def report(label: str, buf) -> None:
     c.sort()  # (in ``CHUNK_EVENTS`` order, as the ``LATE`` slots)
     chunks = counts[:, c[0]] > 0
     cmean = (sums[chunks][:, c] / counts[chunks][:, c].clamp(min=1)).mean(dim=0)
-    late_sums = rows[:, LATE:ROW:2][:, [CHUNK_EVENTS.index(e) for e in c]]
-    late_counts = rows[:, LATE + 1:ROW:2][:, [CHUNK_EVENTS.index(e) for e in c]]
+    late_sums = rows[:, LATE:ROW][:, [CHUNK_EVENTS.index(e) for e in c]]
+    late_counts = (rows[:, COUNTERS:COUNTERS + 2] - 1).clamp(min=0)[:, [e % 2 for e in c]]  # each wg's later chunks
     later = late_counts[:, 0] > 0
     lmean = (late_sums[later] / late_counts[later].clamp(min=1)).mean(dim=0)
     print(f"  chunks: {float(counts[chunks, c[0]].mean()):.2f} per CTA; cycles from each warpgroup's chunk start, "
