@@ -13,7 +13,8 @@ Also printed: each CTA's span from the roles' start to their end with the SM clo
 ``%globaltimer``), the start-to-start period of consecutive full iterations of each warpgroup (measured directly:
 an event's offset from the start stamp is not the period, since ptxas may schedule an iteration's first
 instructions above that stamp), each chunk's phases (chunk start, Q landed, first QK retired, last iteration, loop
-done, chunk stored), when QK(t0') / QK(t1')'s refilled groups land, and when the producer issues each load.
+done, row sums exchanged, O stored, chunk stored; over all chunks and over the chunks after a CTA's first), when
+QK(t0') / QK(t1')'s refilled groups land, and when the producer issues each load.
 """
 from __future__ import annotations
 
