@@ -215,15 +215,11 @@ def report(label: str, buf) -> None:
           f"{qk_retired:.0f} after its start stamp); full iterations: "
           f"{float((steady[live & ok] / span[live & ok]).mean()):.3f} of the span (mean over CTAs)")
     # A chunk's phases (each chunk stamps every chunk event once): mean cycles from one event to the next.
-    c = [EVENTS.index(e) for e in ("wg0 chunk start", "wg1 chunk start", "wg0 Q landed", "wg1 Q landed",
-                                   "wg0 first QK retired", "wg1 first QK retired", "wg0 last iteration",
-                                   "wg1 last iteration", "wg0 loop done", "wg1 loop done", "wg0 chunk stored",
-                                   "wg1 chunk stored")]
-    c += [EVENTS.index(e) for e in ("wg0 sums exchanged", "wg1 sums exchanged", "wg0 O stored", "wg1 O stored")]
-    c.sort()  # (in ``CHUNK_EVENTS`` order, as the ``LATE`` slots)
+    # (``CHUNK_EVENTS`` order, that of the ``LATE`` slots: the chunk starts first, then each WG0 event beside WG1's)
+    c = list(CHUNK_EVENTS)
     chunks = counts[:, c[0]] > 0
     cmean = (sums[chunks][:, c] / counts[chunks][:, c].clamp(min=1)).mean(dim=0)
-    late_sums = rows[:, LATE:ROW][:, [CHUNK_EVENTS.index(e) for e in c]]
+    late_sums = rows[:, LATE:ROW]
     late_counts = (rows[:, COUNTERS:COUNTERS + 2] - 1).clamp(min=0)[:, [e % 2 for e in c]]  # each wg's later chunks
     later = late_counts[:, 0] > 0
     lmean = (late_sums[later] / late_counts[later].clamp(min=1)).mean(dim=0)
