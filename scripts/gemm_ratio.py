@@ -1,6 +1,7 @@
 """The compute-bound decode rows against a large bf16 GEMM on the same card, in the same clock state (diagnostic)
 
     python scripts/gemm_ratio.py [--config 64,128,2,128,4096 ...] [--replays 100] [--sustain 5] [--gemm-n 8192]
+                                 [--variant 2wg] [--sustain-each S] [--copy-mb 1024]
 
 Issue 8's per-row bars are absolute times; what they ask of the tensor cores depends on the clock the
 card runs at, which depends on its recent load (docs/perf-notes.md, nineteenth session: about 1.6 GHz
@@ -12,6 +13,14 @@ seconds idle ("rested") and right after ``--sustain`` seconds of GEMM replays ("
 SM clock after each (``order_probe.sm_clock_reader``). It prints each graph's median time, its TFLOP/s
 (``perf_table.formulas.tflops``; the decode's counts 2 * b * s_q * h_q * seqlen * (576 + 512)), and the
 decode's TFLOP/s as a fraction of the GEMM's measured in the same rounds.
+
+``--variant``: the library's pipeline (default 2wg; ``auto`` runs what the flag picks per shape).
+``--sustain-each S``: then each graph alone for S seconds while ``nvidia-smi`` samples the SM clock and the power
+(``flashmla_pair.sustained``), with ``--copy-mb`` MB device-to-device copies beside them as an HBM-only load. Why:
+on a power-capped card a compute-bound decode's time is its energy per call over the cap, so the GEMM's energy per
+FLOP under the same cap is the floor a decode's tensor work can reach; the copy's power shows what streaming the
+KV cache from HBM draws on top. Prints per graph: us, MHz, W, energy per call (mJ), pJ per FLOP (per byte for the
+copy) and, for a decode, its energy over the GEMM's for the same FLOPs.
 """
 from __future__ import annotations
 
@@ -36,6 +45,10 @@ def main(argv=None) -> int:
     ap.add_argument("--replays", type=int, default=100)
     ap.add_argument("--sustain", type=float, default=5.0, help="seconds of GEMM replays before the second pass")
     ap.add_argument("--gemm-n", type=int, default=8192)
+    ap.add_argument("--variant", default="2wg", help="the library's pipeline (auto: the flag's pick per shape)")
+    ap.add_argument("--sustain-each", type=float, default=0.0, metavar="SECONDS",
+                    help="then each graph alone for this long, with the SM clock and the power sampled")
+    ap.add_argument("--copy-mb", type=int, default=1024, help="size of the HBM copy timed with --sustain-each")
     args = ap.parse_args(argv)
 
     import torch
@@ -57,8 +70,9 @@ def main(argv=None) -> int:
         cfg = grid.Config(*(int(x) for x in spec.split(",")))
         inp = bench.make_inputs(cfg, seed=runner.SEED)
         keep.append(inp)
-        name = cfg.label()
-        graphs[name] = bench.capture_graph(bench.make_decode_fn(mla, "2wg", cfg, inp), runner.WARMUP_REPLAYS)
+        fn = bench.make_decode_fn(mla, args.variant, cfg, inp)
+        name = f"{cfg.label()} {fn.variant}"
+        graphs[name] = bench.capture_graph(fn, runner.WARMUP_REPLAYS)
         flops[name] = 2 * cfg.b * cfg.s_q * cfg.h_q * cfg.seqlen * (576 + 512)
 
     print(torch.cuda.get_device_name(0), f"{args.replays} replays per graph, interleaved", flush=True)
@@ -83,7 +97,37 @@ def main(argv=None) -> int:
                 continue
             tf = tflops(flops[k], med[k])
             print(f"  {k:<26} {med[k]:8.1f} us  {tf:5.0f} TFLOP/s  {tf / gemm_tf:.3f} of the GEMM", flush=True)
+    if args.sustain_each > 0:
+        sustained_energy(graphs, flops, args, bench, runner)
     return 0
+
+
+def sustained_energy(graphs, flops, args, bench, runner):
+    """Each graph alone under its own sustained load: time, clock, power, energy per call and per FLOP."""
+    import torch
+
+    from flashmla_pair import sustained
+
+    words = args.copy_mb * (1 << 20) // 4
+    src = torch.empty(words, device="cuda", dtype=torch.float32).uniform_()
+    dst = torch.empty_like(src)
+    copy = bench.capture_graph(lambda: dst.copy_(src), runner.WARMUP_REPLAYS)
+    print(f"each graph alone for {args.sustain_each:.1f} s (medians over the second half):", flush=True)
+    us, mhz, watts = sustained(graphs["gemm"], args.sustain_each)
+    gemm_pj = watts * us * 1e-6 / flops["gemm"] * 1e12
+    print(f"  {'gemm':<26} {us:8.1f} us {mhz:6.0f} MHz {watts:5.0f} W {watts * us * 1e-3:8.2f} mJ "
+          f"{gemm_pj:6.3f} pJ/FLOP", flush=True)
+    for k, graph in graphs.items():
+        if k == "gemm":
+            continue
+        us, mhz, watts = sustained(graph, args.sustain_each)
+        pj = watts * us * 1e-6 / flops[k] * 1e12
+        print(f"  {k:<26} {us:8.1f} us {mhz:6.0f} MHz {watts:5.0f} W {watts * us * 1e-3:8.2f} mJ "
+              f"{pj:6.3f} pJ/FLOP  {pj / gemm_pj:.3f} of the GEMM's energy for its FLOPs", flush=True)
+    us, mhz, watts = sustained(copy, args.sustain_each)
+    moved = 2 * words * 4  # read + write
+    print(f"  {'copy ' + str(args.copy_mb) + ' MB':<26} {us:8.1f} us {mhz:6.0f} MHz {watts:5.0f} W "
+          f"{moved / us * 1e-3:8.0f} GB/s {watts * us * 1e-6 / moved * 1e12:6.1f} pJ/byte", flush=True)
 
 
 if __name__ == "__main__":
