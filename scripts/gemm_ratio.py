@@ -20,11 +20,13 @@ decode's TFLOP/s as a fraction of the GEMM's measured in the same rounds.
 on a power-capped card a compute-bound decode's time is its energy per call over the cap, so the GEMM's energy per
 FLOP under the same cap is the floor a decode's tensor work can reach; the copy's power shows what streaming the
 KV cache from HBM draws on top. Prints per graph: us, MHz, W, energy per call (mJ), pJ per FLOP (per byte for the
-copy) and, for a decode, its energy over the GEMM's for the same FLOPs.
+copy) and, for a decode, its energy over the GEMM's for the same FLOPs. ``--l2-twin``: each decode also with every
+request reading request 0's pages (its KV from L2, not HBM), which shows what streaming the cache costs in energy.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 import statistics
 import sys
@@ -39,6 +41,10 @@ from order_probe import sm_clock_reader  # noqa: E402  (imports pipelines first:
 DEFAULT = ("64,128,1,128,4096", "64,128,2,128,4096", "64,128,1,128,1024", "64,64,1,128,1024")
 
 
+def flops_of(cfg) -> int:
+    return 2 * cfg.b * cfg.s_q * cfg.h_q * cfg.seqlen * (576 + 512)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen")
@@ -49,6 +55,9 @@ def main(argv=None) -> int:
     ap.add_argument("--sustain-each", type=float, default=0.0, metavar="SECONDS",
                     help="then each graph alone for this long, with the SM clock and the power sampled")
     ap.add_argument("--copy-mb", type=int, default=1024, help="size of the HBM copy timed with --sustain-each")
+    ap.add_argument("--l2-twin", action="store_true",
+                    help="beside each decode, its twin whose requests all read request 0's pages (same work, the KV "
+                    "from L2 instead of HBM)")
     args = ap.parse_args(argv)
 
     import torch
@@ -73,7 +82,15 @@ def main(argv=None) -> int:
         fn = bench.make_decode_fn(mla, args.variant, cfg, inp)
         name = f"{cfg.label()} {fn.variant}"
         graphs[name] = bench.capture_graph(fn, runner.WARMUP_REPLAYS)
-        flops[name] = 2 * cfg.b * cfg.s_q * cfg.h_q * cfg.seqlen * (576 + 512)
+        if args.l2_twin:
+            # Every request reads request 0's pages: the same FLOPs, lengths and plan, but one request's KV
+            # (seqlen * 1152 bytes, in L2) instead of b requests' from HBM. Its output is not checked.
+            twin = dataclasses.replace(inp, block_table=inp.block_table[:1].expand_as(inp.block_table).contiguous())
+            keep.append(twin)
+            graphs[name + " L2"] = bench.capture_graph(bench.make_decode_fn(mla, args.variant, cfg, twin),
+                                                      runner.WARMUP_REPLAYS)
+            flops[name + " L2"] = flops_of(cfg)
+        flops[name] = flops_of(cfg)
 
     print(torch.cuda.get_device_name(0), f"{args.replays} replays per graph, interleaved", flush=True)
     for phase in ("rested", "sustained"):
