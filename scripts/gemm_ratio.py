@@ -1,7 +1,7 @@
 """The compute-bound decode rows against a large bf16 GEMM on the same card, in the same clock state (diagnostic)
 
     python scripts/gemm_ratio.py [--config 64,128,2,128,4096 ...] [--replays 100] [--sustain 5] [--gemm-n 8192]
-                                 [--variant 2wg] [--sustain-each S] [--copy-mb 1024]
+                                 [--variant 2wg] [--sustain-each S] [--copy-mb 1024] [--l2-twin]
 
 Issue 8's per-row bars are absolute times; what they ask of the tensor cores depends on the clock the
 card runs at, which depends on its recent load (docs/perf-notes.md, nineteenth session: about 1.6 GHz
@@ -18,7 +18,8 @@ decode's TFLOP/s as a fraction of the GEMM's measured in the same rounds.
 ``--sustain-each S``: then each graph alone for S seconds while ``nvidia-smi`` samples the SM clock and the power
 (``flashmla_pair.sustained``), with ``--copy-mb`` MB device-to-device copies beside them as an HBM-only load. Why:
 on a power-capped card a compute-bound decode's time is its energy per call over the cap, so the GEMM's energy per
-FLOP under the same cap is the floor a decode's tensor work can reach; the copy's power shows what streaming the
+FLOP under the same cap is a practical floor for a decode's tensor work (large tiles, few operand bytes
+per FLOP); the copy's power shows what streaming the
 KV cache from HBM draws on top. Prints per graph: us, MHz, W, energy per call (mJ), pJ per FLOP (per byte for the
 copy) and, for a decode, its energy over the GEMM's for the same FLOPs. ``--l2-twin``: each decode also with every
 request reading request 0's pages (its KV from L2, not HBM), which shows what streaming the cache costs in energy.
@@ -82,6 +83,7 @@ def main(argv=None) -> int:
         fn = bench.make_decode_fn(mla, args.variant, cfg, inp)
         name = f"{cfg.label()} {fn.variant}"
         graphs[name] = bench.capture_graph(fn, runner.WARMUP_REPLAYS)
+        flops[name] = flops_of(cfg)
         if args.l2_twin:
             # Every request reads request 0's pages: the same FLOPs, lengths and plan, but one request's KV
             # (seqlen * 1152 bytes, in L2) instead of b requests' from HBM. Its output is not checked.
@@ -90,7 +92,6 @@ def main(argv=None) -> int:
             graphs[name + " L2"] = bench.capture_graph(bench.make_decode_fn(mla, args.variant, cfg, twin),
                                                       runner.WARMUP_REPLAYS)
             flops[name + " L2"] = flops_of(cfg)
-        flops[name] = flops_of(cfg)
 
     print(torch.cuda.get_device_name(0), f"{args.replays} replays per graph, interleaved", flush=True)
     for phase in ("rested", "sustained"):
