@@ -42,10 +42,6 @@ from order_probe import sm_clock_reader  # noqa: E402  (imports pipelines first:
 DEFAULT = ("64,128,1,128,4096", "64,128,2,128,4096", "64,128,1,128,1024", "64,64,1,128,1024")
 
 
-def flops_of(cfg) -> int:
-    return 2 * cfg.b * cfg.s_q * cfg.h_q * cfg.seqlen * (576 + 512)
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", action="append", default=[], help="page,b,s_q,h_q,seqlen")
@@ -65,7 +61,7 @@ def main(argv=None) -> int:
 
     import mla
     from perf_table import bench, grid, runner
-    from perf_table.formulas import tflops
+    from perf_table.formulas import decode_flops, tflops
 
     sm_mhz = sm_clock_reader()
 
@@ -83,7 +79,7 @@ def main(argv=None) -> int:
         fn = bench.make_decode_fn(mla, args.variant, cfg, inp)
         name = f"{cfg.label()} {fn.variant}"
         graphs[name] = bench.capture_graph(fn, runner.WARMUP_REPLAYS)
-        flops[name] = flops_of(cfg)
+        flops[name] = decode_flops(cfg.s_q, cfg.h_q, inp.total_kv_tokens)
         if args.l2_twin:
             # Every request reads request 0's pages: the same FLOPs, lengths and plan, but one request's KV
             # (seqlen * 1152 bytes, in L2) instead of b requests' from HBM. Its output is not checked.
@@ -91,7 +87,7 @@ def main(argv=None) -> int:
             keep.append(twin)
             graphs[name + " L2"] = bench.capture_graph(bench.make_decode_fn(mla, args.variant, cfg, twin),
                                                       runner.WARMUP_REPLAYS)
-            flops[name + " L2"] = flops_of(cfg)
+            flops[name + " L2"] = flops[name]
 
     print(torch.cuda.get_device_name(0), f"{args.replays} replays per graph, interleaved", flush=True)
     for phase in ("rested", "sustained"):
@@ -131,17 +127,14 @@ def sustained_energy(graphs, flops, args, bench, runner):
     dst = torch.empty_like(src)
     copy = bench.capture_graph(lambda: dst.copy_(src), runner.WARMUP_REPLAYS)
     print(f"each graph alone for {args.sustain_each:.1f} s (medians over the second half):", flush=True)
-    us, mhz, watts = sustained(graphs["gemm"], args.sustain_each)
-    gemm_pj = watts * us * 1e-6 / flops["gemm"] * 1e12
-    print(f"  {'gemm':<26} {us:8.1f} us {mhz:6.0f} MHz {watts:5.0f} W {watts * us * 1e-3:8.2f} mJ "
-          f"{gemm_pj:6.3f} pJ/FLOP", flush=True)
-    for k, graph in graphs.items():
-        if k == "gemm":
-            continue
+    for k, graph in graphs.items():  # the GEMM first (inserted first): each decode's ratio is to it
         us, mhz, watts = sustained(graph, args.sustain_each)
         pj = watts * us * 1e-6 / flops[k] * 1e12
+        if k == "gemm":
+            gemm_pj = pj
+        ratio = "" if k == "gemm" else f"  {pj / gemm_pj:.3f} of the GEMM's energy for its FLOPs"
         print(f"  {k:<26} {us:8.1f} us {mhz:6.0f} MHz {watts:5.0f} W {watts * us * 1e-3:8.2f} mJ "
-              f"{pj:6.3f} pJ/FLOP  {pj / gemm_pj:.3f} of the GEMM's energy for its FLOPs", flush=True)
+              f"{pj:6.3f} pJ/FLOP{ratio}", flush=True)
     us, mhz, watts = sustained(copy, args.sustain_each)
     moved = 2 * words * 4  # read + write
     print(f"  {'copy ' + str(args.copy_mb) + ' MB':<26} {us:8.1f} us {mhz:6.0f} MHz {watts:5.0f} W "
